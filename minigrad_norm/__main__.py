@@ -1,0 +1,5 @@
+import sys
+
+from minigrad_norm.cli import main
+
+sys.exit(main())

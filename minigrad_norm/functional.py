@@ -1,0 +1,248 @@
+"""Activations, softmax, linear, embedding and the loss, each one fused graph node.
+
+Each is a single node with a hand-written backward rather than a chain of
+primitives: fewer intermediate arrays, and the derivative stated once, next to
+the forward. The normalization layers are exported here too (PyTorch's
+``torch.nn.functional`` naming); their math lives in ``minigrad_norm.norms``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from minigrad_norm.backend import kernels_for
+from minigrad_norm.ops import as_tensor, require_real
+from minigrad_norm.tensor import Context, Function, Tensor
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_TANH_C = 0.044715
+
+
+class ReLU(Function):
+    """y = max(x, 0);  dL/dx = g where x > 0, else 0 (0 at x = 0, as PyTorch)."""
+
+    @staticmethod
+    def forward(ctx: Context, x: np.ndarray) -> np.ndarray:
+        require_real("relu", x)
+        ctx.save_for_backward(x)
+        return np.maximum(x, np.zeros((), dtype=x.dtype))
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        (x,) = ctx.saved_tensors
+        return np.where(x > 0, g, np.zeros((), dtype=g.dtype))
+
+
+class GELU(Function):
+    """Gaussian error linear unit, y = x * Phi(x), Phi the standard normal CDF.
+
+    exact:  Phi(x) = (1 + erf(x / sqrt2)) / 2,
+            dy/dx = Phi(x) + x * phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+    tanh:   y = x/2 * (1 + t),  t = tanh(u),  u = sqrt(2/pi) * (x + 0.044715 x^3),
+            dy/dx = (1 + t)/2 + x/2 * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2).
+    """
+
+    @staticmethod
+    def forward(ctx: Context, x: np.ndarray, approximate: str = "none") -> np.ndarray:
+        ctx.approximate = approximate
+        ctx.save_for_backward(x)
+        if approximate == "tanh":
+            t = np.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_C * x * x * x))
+            return 0.5 * x * (1 + t)
+        if np.iscomplexobj(x):
+            raise TypeError(
+                "gelu: the exact erf form has no complex implementation here; "
+                "use approximate='tanh' or method='central'"
+            )
+        return 0.5 * x * (1 + kernels_for(x).erf(x * np.asarray(1 / math.sqrt(2), dtype=x.dtype)))
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        (x,) = ctx.saved_tensors
+        if ctx.approximate == "tanh":
+            t = np.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_C * x * x * x))
+            dy = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * _GELU_TANH_C * x * x)
+        else:
+            cdf = 0.5 * (1 + kernels_for(x).erf(x * np.asarray(1 / math.sqrt(2), dtype=x.dtype)))
+            pdf = np.exp(-0.5 * x * x) * np.asarray(1 / math.sqrt(2 * math.pi), dtype=x.dtype)
+            dy = cdf + x * pdf
+        return g * dy
+
+
+class Softmax(Function):
+    """y_i = exp(x_i) / sum_j exp(x_j) along ``axis``;  dL/dx = y * (g - sum(g * y)).
+
+    The max is subtracted first so exp never overflows; softmax is invariant
+    to that shift, so it carries no gradient (and stays analytic: for complex
+    input only the real part's max is used).
+    """
+
+    @staticmethod
+    def forward(ctx: Context, x: np.ndarray, axis: int = -1) -> np.ndarray:
+        e = np.exp(x - np.max(x.real, axis=axis, keepdims=True))
+        y = e / np.sum(e, axis=axis, keepdims=True)
+        ctx.axis = axis
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        (y,) = ctx.saved_tensors
+        return y * (g - np.sum(g * y, axis=ctx.axis, keepdims=True))
+
+
+class LogSoftmax(Function):
+    """y = x - logsumexp(x) along ``axis``;  dL/dx = g - softmax(x) * sum(g)."""
+
+    @staticmethod
+    def forward(ctx: Context, x: np.ndarray, axis: int = -1) -> np.ndarray:
+        shifted = x - np.max(x.real, axis=axis, keepdims=True)
+        y = shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+        ctx.axis = axis
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        (y,) = ctx.saved_tensors
+        return g - np.exp(y) * np.sum(g, axis=ctx.axis, keepdims=True)
+
+
+class Linear(Function):
+    """y = x @ W^T + b with W of shape (out_features, in_features), as PyTorch.
+
+    dL/dx = g @ W,  dL/dW = sum over rows of g^T x,  dL/db = sum over rows of g.
+    """
+
+    @staticmethod
+    def forward(ctx: Context, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        if weight.ndim != 2:
+            raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got shape {weight.shape}")
+        if x.ndim == 0 or x.shape[-1] != weight.shape[1]:
+            raise ValueError(
+                f"linear: input of shape {x.shape} does not match weight of shape {weight.shape}: "
+                f"the input's last dim must be in_features={weight.shape[1]}"
+            )
+        if bias is not None and bias.shape != (weight.shape[0],):
+            raise ValueError(f"linear: bias must have shape ({weight.shape[0]},), got {bias.shape}")
+        ctx.save_for_backward(x, weight)
+        y = x @ weight.T
+        return y if bias is None else y + bias
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray | None, ...]:
+        x, weight = ctx.saved_tensors
+        g2 = g.reshape(-1, g.shape[-1])
+        dx = g @ weight if ctx.needs_input_grad[0] else None
+        dw = g2.T @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        db = g2.sum(axis=0) if len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2] else None
+        return (dx, dw, db) if len(ctx.needs_input_grad) > 2 else (dx, dw)
+
+
+class Embedding(Function):
+    """y = weight[indices];  dL/dweight = g scattered back to the rows read (repeats accumulate)."""
+
+    @staticmethod
+    def forward(ctx: Context, weight: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        if indices.dtype.kind not in "iu":
+            raise TypeError(f"embedding: indices must be integers, got dtype {indices.dtype}")
+        if indices.size and (indices.min() < 0 or indices.max() >= weight.shape[0]):
+            raise IndexError(
+                f"embedding: index out of range: indices span [{indices.min()}, {indices.max()}] "
+                f"but the weight of shape {weight.shape} has {weight.shape[0]} rows"
+            )
+        ctx.save_for_backward(indices)
+        ctx.weight_shape = weight.shape
+        return weight[indices]
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, None]:
+        (indices,) = ctx.saved_tensors
+        dw = np.zeros(ctx.weight_shape, dtype=g.dtype)
+        np.add.at(dw, indices.reshape(-1), g.reshape(-1, ctx.weight_shape[1]))
+        return dw, None
+
+
+class CrossEntropy(Function):
+    """Mean (or sum) over targets of -log softmax(logits)[target], classes on axis 1.
+
+    With p = softmax(logits) and the one-hot target e_t:
+    dL/dlogits = g * (p - e_t) for each counted target, divided by the number
+    of counted targets under ``reduction="mean"``; targets equal to
+    ``ignore_index`` contribute nothing and get zero gradient.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Context, logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100, reduction: str = "mean"
+    ) -> np.ndarray:
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        if targets.dtype.kind not in "iu":
+            raise TypeError(f"cross_entropy: targets must be class indices (integers), got dtype {targets.dtype}")
+        if logits.ndim < 2 or targets.shape != logits.shape[:1] + logits.shape[2:]:
+            raise ValueError(
+                f"cross_entropy: logits of shape {logits.shape} (N, C, ...) need targets of shape "
+                f"{logits.shape[:1] + logits.shape[2:]}, got {targets.shape}"
+            )
+        n_classes = logits.shape[1]
+        counted = targets != ignore_index
+        if np.any((targets[counted] < 0) | (targets[counted] >= n_classes)):
+            raise IndexError(f"cross_entropy: target out of range for {n_classes} classes")
+        z = np.moveaxis(logits, 1, -1)  # (..., C)
+        shifted = z - np.max(z.real, axis=-1, keepdims=True)
+        log_p = shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+        safe_t = np.where(counted, targets, 0)
+        nll = -np.take_along_axis(log_p, safe_t[..., None], axis=-1)[..., 0] * counted
+        ctx.reduction, ctx.count = reduction, int(counted.sum())
+        ctx.save_for_backward(log_p, safe_t, counted)
+        if reduction == "none":
+            return nll
+        total = np.sum(nll)
+        return total / ctx.count if reduction == "mean" else total
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, None]:
+        log_p, safe_t, counted = ctx.saved_tensors
+        d = np.exp(log_p)
+        np.put_along_axis(d, safe_t[..., None], np.take_along_axis(d, safe_t[..., None], axis=-1) - 1, axis=-1)
+        scale = g[..., None] if ctx.reduction == "none" else g / ctx.count if ctx.reduction == "mean" else g
+        d *= scale * counted[..., None]
+        return np.moveaxis(d, -1, 1), None
+
+
+def relu(x: Tensor) -> Tensor:
+    return ReLU.apply(x)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return GELU.apply(x, approximate=approximate)
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return Softmax.apply(x, axis=axis)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return LogSoftmax.apply(x, axis=axis)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    if bias is None:
+        return Linear.apply(as_tensor(x), weight)
+    return Linear.apply(as_tensor(x), weight, bias)
+
+
+def embedding(indices: Any, weight: Tensor) -> Tensor:
+    """Rows of ``weight`` (num_embeddings, dim) picked by integer ``indices`` (PyTorch's order)."""
+    return Embedding.apply(weight, np.asarray(indices.data if isinstance(indices, Tensor) else indices))
+
+
+def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    targets = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+    return CrossEntropy.apply(logits, targets, ignore_index=ignore_index, reduction=reduction)

@@ -1,0 +1,176 @@
+"""The NumPy reference kernels: readable, exact, and the oracle for the numba ones.
+
+Every normalization layer here is the same computation on a 4-D view of its
+input, ``x`` of shape ``(N, G, K, S)``:
+
+* statistics (mean and variance, or only the mean square) over each group:
+  over ``(K, S)`` for each ``(n, g)`` ("per sample": LayerNorm, RMSNorm,
+  GroupNorm, InstanceNorm), or over ``(N, K, S)`` for each ``g`` when
+  ``reduce_batch`` ("per channel": BatchNorm);
+* ``xhat = (x - mean) * rstd`` with ``rstd = 1 / sqrt(var + eps)``;
+* an affine per ``(g, k)``, broadcast over ``n`` and ``s``:
+  ``y = xhat * weight[g, k] + bias[g, k]``.
+
+How each norm maps onto the view (D = prod(normalized_shape), S = prod(spatial)):
+
+    LayerNorm / RMSNorm   (rows, 1, D, 1)     per sample, weight (1, D)
+    GroupNorm             (N, G, C/G, S)      per sample, weight (G, C/G)
+    InstanceNorm          (N, C, 1, S)        per sample, weight (C, 1)
+    BatchNorm             (N, C, 1, S)        per channel, weight (C, 1)
+
+An optional ``mask`` of shape ``(N, S)`` marks the valid positions: the
+statistics count only those, masked-out outputs are 0 and get 0 gradient.
+
+The backward (derived in docs/derivations.md). With m the number of values in
+a group, mean_g(.) the mean over the group, and dxhat = dy * weight:
+
+    centered:      dx = rstd * (dxhat - mean_g(dxhat) - xhat * mean_g(dxhat * xhat))
+    not centered:  dx = rstd * (dxhat - xhat * mean_g(dxhat * xhat))
+    fixed stats:   dx = rstd * dxhat            (eval-mode BatchNorm: mean, var are constants)
+    dweight[g, k] = sum over (n, s) of dy * xhat,   dbias[g, k] = sum over (n, s) of dy
+
+Float32 data is accumulated in float64 here; complex data (the complex-step
+method) in complex128. Everything is written with analytic operations
+(``xc * xc``, never ``abs`` or ``np.var``) so that the complex step applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function, elementwise, in x's dtype."""
+    return _erf(x).astype(x.dtype, copy=False)
+
+
+def _stat_axes(reduce_batch: bool) -> tuple[int, ...]:
+    return (0, 2, 3) if reduce_batch else (2, 3)
+
+
+def _mask4(mask: np.ndarray | None) -> np.ndarray | None:
+    return None if mask is None else mask[:, None, None, :]
+
+
+def _group_mean(v: np.ndarray, axes: tuple[int, ...], mask4: np.ndarray | None, count: np.ndarray | None) -> np.ndarray:
+    """Mean of v over the statistic axes (keepdims), over the valid positions only when masked."""
+    if mask4 is None:
+        return v.mean(axis=axes, keepdims=True)
+    return np.where(mask4, v, 0).sum(axis=axes, keepdims=True) / count
+
+
+def _count(x: np.ndarray, mask4: np.ndarray | None, axes: tuple[int, ...]) -> np.ndarray | None:
+    if mask4 is None:
+        return None
+    return np.broadcast_to(mask4, x.shape).sum(axis=axes, keepdims=True)
+
+
+def norm_forward(
+    x: np.ndarray,
+    weight: np.ndarray | None,
+    bias: np.ndarray | None,
+    eps: float,
+    *,
+    centered: bool = True,
+    reduce_batch: bool = False,
+    mask: np.ndarray | None = None,
+    stats: tuple[np.ndarray, np.ndarray] | None = None,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Normalize ``x`` (N, G, K, S) group by group, then apply the affine.
+
+    Returns ``(y, mean, var)``; ``mean`` and ``var`` have shape (N, G), or (G,)
+    with ``reduce_batch``, in the accumulation dtype (float64, or complex128).
+    ``var`` is the biased variance (the mean square when not ``centered``;
+    then ``mean`` is 0). With ``stats=(mean, var)`` the
+    given statistics are used instead of computed (eval-mode BatchNorm) and
+    returned unchanged.
+    """
+    acc = np.result_type(x.dtype, np.float64)
+    axes = _stat_axes(reduce_batch)
+    m4 = _mask4(mask)
+    xa = x.astype(acc, copy=False)
+    if stats is None:
+        count = _count(x, m4, axes)
+        mean = _group_mean(xa, axes, m4, count) if centered else np.zeros((1,) * 4, dtype=acc)
+        xc = xa - mean
+        var = _group_mean(xc * xc, axes, m4, count)
+    else:
+        mean, var = (_as_stat4(s, reduce_batch).astype(acc, copy=False) for s in stats)
+        xc = xa - mean
+    rstd = 1.0 / np.sqrt(var + eps)
+    y = xc * rstd
+    if weight is not None:
+        y = y * weight[None, :, :, None]
+    if bias is not None:
+        y = y + bias[None, :, :, None]
+    if m4 is not None:
+        y = np.where(m4, y, 0)
+    if out is None:
+        out = np.empty(x.shape, dtype=x.dtype)
+    out[...] = y
+    stat_shape = (x.shape[1],) if reduce_batch else x.shape[:2]
+    mean = np.broadcast_to(mean, var.shape).reshape(stat_shape)
+    return out, mean.astype(acc), var.reshape(stat_shape).astype(acc)
+
+
+def norm_backward(
+    dy: np.ndarray,
+    x: np.ndarray,
+    mean: np.ndarray,
+    rstd: np.ndarray,
+    weight: np.ndarray | None,
+    *,
+    centered: bool = True,
+    reduce_batch: bool = False,
+    mask: np.ndarray | None = None,
+    fixed_stats: bool = False,
+    need_affine_grads: bool = True,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Gradients of ``norm_forward``: returns ``(dx, dweight, dbias)``.
+
+    ``mean`` and ``rstd`` are the statistics the forward used (shape (N, G) or
+    (G,)); ``rstd = 1 / sqrt(var + eps)``. ``dweight``/``dbias`` are None
+    when ``weight`` is None or ``need_affine_grads`` is False.
+    """
+    acc = np.result_type(x.dtype, dy.dtype, np.float64)
+    axes = _stat_axes(reduce_batch)
+    m4 = _mask4(mask)
+    mean4 = _as_stat4(mean, reduce_batch).astype(acc, copy=False)
+    rstd4 = _as_stat4(rstd, reduce_batch).astype(acc, copy=False)
+    dya = dy.astype(acc, copy=False)
+    if m4 is not None:
+        dya = np.where(m4, dya, 0)
+    xhat = (x.astype(acc, copy=False) - (mean4 if centered or fixed_stats else 0)) * rstd4
+    dxhat = dya * weight[None, :, :, None] if weight is not None else dya
+
+    if fixed_stats:
+        dx = dxhat * rstd4
+    else:
+        count = _count(x, m4, axes)
+        proj = _group_mean(dxhat * xhat, axes, m4, count)
+        dx = dxhat - xhat * proj
+        if centered:
+            dx = dx - _group_mean(dxhat, axes, m4, count)
+        dx = dx * rstd4
+    if m4 is not None:
+        dx = np.where(m4, dx, 0)
+    if out is None:
+        out = np.empty(x.shape, dtype=x.dtype)
+    out[...] = dx
+
+    dweight = dbias = None
+    if weight is not None and need_affine_grads:
+        dweight = (dya * xhat).sum(axis=(0, 3)).astype(weight.dtype)
+        dbias = dya.sum(axis=(0, 3)).astype(weight.dtype)
+    return out, dweight, dbias
+
+
+def _as_stat4(stat: np.ndarray, reduce_batch: bool) -> np.ndarray:
+    """A statistic of shape (N, G) or (G,) as a 4-D array that broadcasts against x."""
+    return stat[None, :, None, None] if reduce_batch else stat[:, :, None, None]

@@ -1,0 +1,571 @@
+"""Primitive differentiable ops: each a forward and its hand-written backward.
+
+Notation in the docstrings: ``g`` is dL/d(output), the gradient flowing in;
+each backward returns dL/d(input) for every positional input, in order.
+
+Broadcasting: an op on operands of shapes (3,1,4) and (2,4) produces (3,2,4).
+Every element of a broadcast input was used several times, so its gradient
+is the sum over the copies: ``unbroadcast`` sums ``g`` over the axes that
+broadcasting added or stretched.
+
+Complex step: ops that are analytic (arithmetic, exp, log, sqrt, tanh,
+matmul, sums, reshapes, indexing) accept complex arrays, so that
+``numerical_jacobian(method="complex")`` can push ``x + i*h`` through a
+forward. Ops that are not analytic (``max``, ``relu``, comparisons) refuse
+complex input through ``require_real``.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from minigrad_norm.tensor import Context, Function, Tensor
+
+Axis = int | Sequence[int] | None
+
+
+# -- helpers ------------------------------------------------------------------
+def as_tensor(value: Any, like: Tensor | None = None) -> Tensor:
+    """Wrap ``value``; a Python number takes the dtype of ``like`` (never upcasting float32)."""
+    if isinstance(value, Tensor):
+        return value
+    if like is not None and isinstance(value, int | float | complex) and not isinstance(value, bool):
+        return Tensor(np.asarray(value, dtype=np.result_type(like.dtype, value)))
+    return Tensor(value)
+
+
+def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum ``grad`` over the axes broadcasting added or stretched, back to ``shape``."""
+    if grad.shape == shape:
+        return grad
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
+    return grad.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+def broadcast_shape(op: str, a: np.ndarray, b: np.ndarray) -> tuple[int, ...]:
+    try:
+        return np.broadcast_shapes(np.shape(a), np.shape(b))
+    except ValueError:
+        raise ValueError(
+            f"{op}: operands could not be broadcast together with shapes {np.shape(a)} and {np.shape(b)}"
+        ) from None
+
+
+def require_real(op: str, *arrays: Any) -> None:
+    """Refuse complex input to an op that is not analytic (complex step cannot pass through it)."""
+    if any(np.iscomplexobj(a) for a in arrays):
+        raise TypeError(
+            f"{op} is not analytic, so the complex-step method cannot differentiate through it; use method='central'"
+        )
+
+
+def normalize_axis(axis: Axis, ndim: int) -> tuple[int, ...]:
+    """``axis`` as a sorted tuple of non-negative axes (``None`` means all)."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int | np.integer) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < builtins.max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
+            raise np.exceptions.AxisError(f"axis {a} is out of bounds for a tensor of dimension {ndim}")
+        out.append(a % ndim if ndim else 0)
+    if len(set(out)) != len(out):
+        raise ValueError(f"repeated axis in {axis}")
+    return tuple(sorted(out)) if ndim else ()
+
+
+def expand_reduced(grad: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """Put back the reduced axes of ``grad`` (as size 1) so it broadcasts against ``shape``."""
+    if keepdims:
+        return grad
+    return grad.reshape([1 if i in axes else n for i, n in enumerate(shape)])
+
+
+# -- arithmetic -----------------------------------------------------------------
+class Add(Function):
+    """y = a + b;  dL/da = g,  dL/db = g  (each summed back to its input's shape)."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        broadcast_shape("add", a, b)
+        ctx.shapes = np.shape(a), np.shape(b)
+        return a + b
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return unbroadcast(g, ctx.shapes[0]), unbroadcast(g, ctx.shapes[1])
+
+
+class Sub(Function):
+    """y = a - b;  dL/da = g,  dL/db = -g."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        broadcast_shape("sub", a, b)
+        ctx.shapes = np.shape(a), np.shape(b)
+        return a - b
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return unbroadcast(g, ctx.shapes[0]), unbroadcast(-g, ctx.shapes[1])
+
+
+class Mul(Function):
+    """y = a * b;  dL/da = g * b,  dL/db = g * a."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        broadcast_shape("mul", a, b)
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        a, b = ctx.saved_tensors
+        da = unbroadcast(g * b, np.shape(a)) if ctx.needs_input_grad[0] else None
+        db = unbroadcast(g * a, np.shape(b)) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+class Div(Function):
+    """y = a / b;  dL/da = g / b,  dL/db = -g * a / b^2 = -g * y / b."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        broadcast_shape("div", a, b)
+        y = a / b
+        ctx.shapes = np.shape(a), np.shape(b)
+        ctx.save_for_backward(b, y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        b, y = ctx.saved_tensors
+        g_over_b = g / b
+        da = unbroadcast(g_over_b, ctx.shapes[0]) if ctx.needs_input_grad[0] else None
+        db = unbroadcast(-g_over_b * y, ctx.shapes[1]) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+class Pow(Function):
+    """y = a ** b;  dL/da = g * b * a^(b-1),  dL/db = g * y * log(a)  (b a tensor, a > 0)."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, b: Any) -> np.ndarray:
+        broadcast_shape("pow", a, b)
+        y = a**b
+        ctx.save_for_backward(a, b, y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        a, b, y = ctx.saved_tensors
+        da = unbroadcast(g * b * a ** (b - 1), np.shape(a)) if ctx.needs_input_grad[0] else None
+        db = unbroadcast(g * y * np.log(a), np.shape(b)) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+class Neg(Function):
+    """y = -a;  dL/da = -g."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
+        return -a
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        return -g
+
+
+class MatMul(Function):
+    """y = a @ b (NumPy's matmul: batched, broadcasting over leading axes).
+
+    For matrices, dL/da = g @ b^T and dL/db = a^T @ g; batch axes that
+    broadcasting stretched are summed back. A 1-D operand is treated as a row
+    (a) or column (b) vector and the added axis removed again.
+    """
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError(f"matmul: both operands need at least one dimension, got shapes {a.shape} and {b.shape}")
+        k_a, k_b = a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0]
+        if k_a != k_b:
+            raise ValueError(
+                f"matmul: shapes {a.shape} and {b.shape} are not aligned: {k_a} (last dim of a) != {k_b} "
+                f"({'second-to-last' if b.ndim > 1 else 'only'} dim of b)"
+            )
+        try:
+            np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            raise ValueError(
+                f"matmul: batch dimensions of shapes {a.shape} and {b.shape} cannot be broadcast together"
+            ) from None
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        a, b = ctx.saved_tensors
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        g2 = g
+        if a.ndim == 1:
+            g2 = np.expand_dims(g2, -2)
+        if b.ndim == 1:
+            g2 = np.expand_dims(g2, -1)
+        da = db = None
+        if ctx.needs_input_grad[0]:
+            da = unbroadcast(g2 @ np.swapaxes(b2, -1, -2), a2.shape).reshape(a.shape)
+        if ctx.needs_input_grad[1]:
+            db = unbroadcast(np.swapaxes(a2, -1, -2) @ g2, b2.shape).reshape(b.shape)
+        return da, db
+
+
+# -- reductions -------------------------------------------------------------------
+class Sum(Function):
+    """y = sum of a over ``axis``;  dL/da = g broadcast back over the summed axes."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+        ctx.axes, ctx.keepdims, ctx.shape = normalize_axis(axis, a.ndim), keepdims, a.shape
+        return np.sum(a, axis=ctx.axes, keepdims=keepdims)
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(expand_reduced(g, ctx.shape, ctx.axes, ctx.keepdims), ctx.shape)
+
+
+class Mean(Function):
+    """y = mean of a over ``axis`` (n elements each);  dL/da = g / n, broadcast back."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+        ctx.axes, ctx.keepdims, ctx.shape = normalize_axis(axis, a.ndim), keepdims, a.shape
+        return np.mean(a, axis=ctx.axes, keepdims=keepdims)
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        n = int(np.prod([ctx.shape[i] for i in ctx.axes]))
+        return np.broadcast_to(expand_reduced(g, ctx.shape, ctx.axes, ctx.keepdims) / n, ctx.shape)
+
+
+class Max(Function):
+    """y = max of a over ``axis``.
+
+    dL/da = g at the maximal elements, 0 elsewhere. Ties share the gradient
+    equally (as ``torch.amax``), so the rule is the average of the one-sided
+    derivatives and finite differences across a tie see the same value.
+    """
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+        require_real("max", a)
+        if a.size == 0:
+            raise ValueError(f"max: cannot reduce an empty tensor of shape {a.shape}")
+        ctx.axes, ctx.keepdims = normalize_axis(axis, a.ndim), keepdims
+        y = np.max(a, axis=ctx.axes, keepdims=True)
+        ctx.save_for_backward(a, y)
+        return y if keepdims else np.squeeze(y, axis=ctx.axes)
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        a, y = ctx.saved_tensors
+        is_max = a == y
+        share = is_max / np.sum(is_max, axis=ctx.axes, keepdims=True)
+        return expand_reduced(g, a.shape, ctx.axes, ctx.keepdims) * share.astype(a.dtype)
+
+
+# -- elementwise functions --------------------------------------------------------------
+class Exp(Function):
+    """y = exp(a);  dL/da = g * y."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
+        y = np.exp(a)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        (y,) = ctx.saved_tensors
+        return g * y
+
+
+class Log(Function):
+    """y = log(a);  dL/da = g / a."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
+        ctx.save_for_backward(a)
+        return np.log(a)
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        (a,) = ctx.saved_tensors
+        return g / a
+
+
+class Sqrt(Function):
+    """y = sqrt(a);  dL/da = g / (2 y)."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
+        y = np.sqrt(a)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        (y,) = ctx.saved_tensors
+        return g / (2 * y)
+
+
+class Tanh(Function):
+    """y = tanh(a);  dL/da = g * (1 - y^2)."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
+        y = np.tanh(a)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        (y,) = ctx.saved_tensors
+        return g * (1 - y * y)
+
+
+# -- shape ops ------------------------------------------------------------------------
+class Reshape(Function):
+    """y = a viewed with a new shape;  dL/da = g viewed with a's shape."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        ctx.shape = a.shape
+        try:
+            return a.reshape(shape)
+        except ValueError:
+            raise ValueError(
+                f"reshape: cannot reshape a tensor of shape {a.shape} ({a.size} elements) into {tuple(shape)}"
+            ) from None
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        return g.reshape(ctx.shape)
+
+
+class Permute(Function):
+    """y = a with its axes reordered by ``dims``;  dL/da = g with the inverse order."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
+        if sorted(d % builtins.max(a.ndim, 1) for d in dims) != list(range(a.ndim)):
+            raise ValueError(
+                f"permute: dims {tuple(dims)} are not a permutation of the axes of a tensor of shape {a.shape}"
+            )
+        ctx.inverse = tuple(np.argsort([d % a.ndim for d in dims]))
+        return np.transpose(a, dims)
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        return np.transpose(g, ctx.inverse)
+
+
+class GetItem(Function):
+    """y = a[index] (slices, integers, integer or boolean arrays).
+
+    dL/da is zero except where a was read: there ``g`` is scattered back with
+    ``np.add.at``, so an element read several times (a repeated index) gets
+    the sum of its gradients.
+    """
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, index: Any) -> np.ndarray:
+        ctx.index, ctx.shape = index, a.shape
+        try:
+            return a[index]
+        except IndexError as e:
+            raise IndexError(f"getitem: {e} (tensor of shape {a.shape})") from None
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        da = np.zeros(ctx.shape, dtype=g.dtype)
+        if _is_basic_index(ctx.index):
+            da[ctx.index] = g  # basic indexing never reads an element twice
+        else:
+            np.add.at(da, ctx.index, g)
+        return da
+
+
+def _is_basic_index(index: Any) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(p is None or p is Ellipsis or isinstance(p, int | slice | np.integer) for p in parts)
+
+
+class Concatenate(Function):
+    """y = the inputs joined along ``axis``;  dL/d(input k) = the slice of g that input k filled."""
+
+    @staticmethod
+    def forward(ctx: Context, *arrays: np.ndarray, axis: int = 0) -> np.ndarray:
+        try:
+            y = np.concatenate(arrays, axis=axis)
+        except ValueError as e:
+            raise ValueError(f"concatenate: {e}; shapes {[a.shape for a in arrays]}") from None
+        ctx.splits, ctx.axis = np.cumsum([a.shape[axis] for a in arrays])[:-1], axis
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(np.split(g, ctx.splits, axis=ctx.axis))
+
+
+class Stack(Function):
+    """y = the inputs stacked along a new ``axis``;  dL/d(input k) = g taken at k on that axis."""
+
+    @staticmethod
+    def forward(ctx: Context, *arrays: np.ndarray, axis: int = 0) -> np.ndarray:
+        try:
+            y = np.stack(arrays, axis=axis)
+        except ValueError as e:
+            raise ValueError(f"stack: {e}; shapes {[a.shape for a in arrays]}") from None
+        ctx.axis = axis
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(np.moveaxis(g, ctx.axis, 0))
+
+
+class MaskedFill(Function):
+    """y = value where mask, else a;  dL/da = g where not mask, 0 where mask."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray, mask: np.ndarray, value: float) -> np.ndarray:
+        mask = np.asarray(mask)
+        if mask.dtype != np.bool_:
+            raise TypeError(f"masked_fill: mask must be boolean, got dtype {mask.dtype}")
+        if broadcast_shape("masked_fill", a, mask) != a.shape:
+            raise ValueError(
+                f"masked_fill: mask of shape {mask.shape} does not broadcast to the input's shape {a.shape}"
+            )
+        ctx.save_for_backward(mask)
+        return np.where(mask, np.asarray(value, dtype=a.dtype), a)
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, None, None]:
+        (mask,) = ctx.saved_tensors
+        return np.where(mask, np.zeros((), dtype=g.dtype), g), None, None
+
+
+# -- the functions Tensor's methods call ---------------------------------------------------------
+def add(a: Any, b: Any) -> Tensor:
+    a, b = _operands(a, b)
+    return Add.apply(a, b)
+
+
+def sub(a: Any, b: Any) -> Tensor:
+    a, b = _operands(a, b)
+    return Sub.apply(a, b)
+
+
+def mul(a: Any, b: Any) -> Tensor:
+    a, b = _operands(a, b)
+    return Mul.apply(a, b)
+
+
+def div(a: Any, b: Any) -> Tensor:
+    a, b = _operands(a, b)
+    return Div.apply(a, b)
+
+
+def pow(a: Any, b: Any) -> Tensor:  # noqa: A001  (the ** operator)
+    if isinstance(a, Tensor) and isinstance(b, int | float) and not isinstance(b, bool):
+        return Pow.apply(a, b)  # a constant exponent stays a Python number: no upcast, no gradient
+    a, b = _operands(a, b)
+    return Pow.apply(a, b)
+
+
+def neg(a: Tensor) -> Tensor:
+    return Neg.apply(a)
+
+
+def matmul(a: Any, b: Any) -> Tensor:
+    return MatMul.apply(as_tensor(a), as_tensor(b))
+
+
+def sum(a: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return Sum.apply(a, axis=axis, keepdims=keepdims)
+
+
+def mean(a: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    return Mean.apply(a, axis=axis, keepdims=keepdims)
+
+
+def max(a: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return Max.apply(a, axis=axis, keepdims=keepdims)
+
+
+def exp(a: Tensor) -> Tensor:
+    return Exp.apply(a)
+
+
+def log(a: Tensor) -> Tensor:
+    return Log.apply(a)
+
+
+def sqrt(a: Tensor) -> Tensor:
+    return Sqrt.apply(a)
+
+
+def tanh(a: Tensor) -> Tensor:
+    return Tanh.apply(a)
+
+
+def reshape(a: Tensor, shape: Sequence[int]) -> Tensor:
+    return Reshape.apply(a, shape=tuple(shape))
+
+
+def permute(a: Tensor, dims: Sequence[int]) -> Tensor:
+    return Permute.apply(a, dims=tuple(dims))
+
+
+def swapaxes(a: Tensor, axis1: int, axis2: int) -> Tensor:
+    dims = list(range(a.ndim))
+    try:
+        dims[axis1], dims[axis2] = dims[axis2], dims[axis1]
+    except IndexError:
+        raise np.exceptions.AxisError(f"swapaxes: axes ({axis1}, {axis2}) out of range for shape {a.shape}") from None
+    return Permute.apply(a, dims=tuple(dims))
+
+
+def getitem(a: Tensor, index: Any) -> Tensor:
+    if isinstance(index, tuple):
+        index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
+    elif isinstance(index, Tensor):
+        index = index.data
+    return GetItem.apply(a, index=index)
+
+
+def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    return Concatenate.apply(*[as_tensor(t) for t in tensors], axis=axis)
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    return Stack.apply(*[as_tensor(t) for t in tensors], axis=axis)
+
+
+def masked_fill(a: Tensor, mask: Any, value: float) -> Tensor:
+    return MaskedFill.apply(a, mask, value)
+
+
+def _operands(a: Any, b: Any) -> tuple[Tensor, Tensor]:
+    """Both operands as Tensors; a Python number adopts the other operand's dtype."""
+    if isinstance(a, Tensor):
+        return a, as_tensor(b, like=a)
+    return as_tensor(a, like=b), b

@@ -1,0 +1,406 @@
+"""The tape: ``Tensor``, ``Function`` and reverse-mode backpropagation.
+
+A ``Tensor`` wraps an ``np.ndarray``. Every differentiable op is a ``Function``
+subclass with two static methods kept side by side, as in
+``torch.autograd.Function``::
+
+    class Exp(Function):
+        '''y = exp(x);  dL/dx = dL/dy * y'''
+
+        @staticmethod
+        def forward(ctx, x):
+            y = np.exp(x)
+            ctx.save_for_backward(y)      # only what the backward needs
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            (y,) = ctx.saved_tensors
+            return grad * y               # one gradient per positional input
+
+``Exp.apply(t)`` unwraps Tensors to arrays, runs ``forward`` and, when a
+gradient is wanted, records the op on the output: the output's ``_ctx`` holds
+the Function, its inputs and the saved arrays. That record is the tape.
+
+``Tensor.backward`` walks the tape once in reverse topological order (built
+iteratively, so a chain of any length works), calling each ``backward`` with
+dL/d(output) and summing the returned dL/d(input) over every path that reaches
+an input. Leaves accumulate into ``.grad`` with ``+=``, as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+_grad_enabled = True
+
+#: dtypes a Tensor may carry. Complex arrays exist only so that the complex-step
+#: method of ``numerical_jacobian`` can push ``x + i*h`` through a forward.
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_COMPLEX_DTYPES = (np.dtype(np.complex64), np.dtype(np.complex128))
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Inside this context no op is recorded: outputs never require grad."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class Context:
+    """What a Function's forward hands to its backward.
+
+    Arrays go through ``save_for_backward`` so that the engine can release them
+    after a backward pass; plain Python values (shapes, axes, flags) may be set
+    as attributes. ``needs_input_grad[i]`` says whether input ``i`` wants a
+    gradient, so a backward can skip work nobody asked for.
+    """
+
+    def __init__(self, fn: type[Function], inputs: tuple[Any, ...]):
+        self.fn = fn
+        self.inputs = inputs
+        self.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in inputs)
+        self._saved: tuple[Any, ...] | None = ()
+
+    def save_for_backward(self, *arrays: Any) -> None:
+        self._saved = arrays
+
+    @property
+    def saved_tensors(self) -> tuple[Any, ...]:
+        if self._saved is None:
+            raise RuntimeError(
+                f"{self.fn.__name__}.backward: trying to backward through the graph a second "
+                "time, but its saved arrays were released by the first backward. Pass "
+                "retain_graph=True to the first backward() to keep them."
+            )
+        return self._saved
+
+    def release(self) -> None:
+        self._saved = None
+
+
+class Function:
+    """Base class of every differentiable op (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Context, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx: Context, grad: np.ndarray) -> np.ndarray | None | tuple[np.ndarray | None, ...]:
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Tensor:
+        """Run ``forward`` on the arrays inside ``args`` and record the op.
+
+        Positional Tensor arguments are the differentiable inputs; everything
+        else (keyword arguments, Python numbers, masks) is passed through.
+        """
+        ctx = Context(cls, args)
+        raw = [a.data if isinstance(a, Tensor) else a for a in args]
+        out = Tensor(cls.forward(ctx, *raw, **kwargs))
+        if _grad_enabled and any(ctx.needs_input_grad):
+            out.requires_grad = True
+            out._ctx = ctx
+        return out
+
+
+class Tensor:
+    """An ndarray that remembers how it was computed.
+
+    ``data`` is the wrapped array itself (never copied); ``grad`` is None or an
+    array of the same shape and dtype. Integer and boolean tensors serve as
+    indices and masks and can never require grad.
+    """
+
+    __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected op
+
+    def __init__(self, data: Any, requires_grad: bool = False):
+        if isinstance(data, Tensor):
+            data = data.data
+        data = np.asarray(data)
+        dtype = data.dtype
+        if dtype.kind == "f" and dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"Tensor: dtype {dtype} is not supported; use float32 or float64")
+        if dtype.kind not in "fciub":
+            raise TypeError(f"Tensor: dtype {dtype} is not supported (shape {data.shape})")
+        if dtype.kind == "c" and dtype not in _COMPLEX_DTYPES:
+            raise TypeError(f"Tensor: dtype {dtype} is not supported")
+        self.data: np.ndarray = data
+        self.grad: np.ndarray | None = None
+        self._ctx: Context | None = None
+        self._retains_grad = False
+        self.requires_grad = requires_grad
+
+    # -- attributes ---------------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if value and self.data.dtype not in _FLOAT_DTYPES:
+            raise TypeError(
+                f"Tensor: only float32 and float64 tensors can require grad, got dtype "
+                f"{self.data.dtype} with shape {self.data.shape}"
+            )
+        self._requires_grad = bool(value)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._ctx is None
+
+    def numpy(self) -> np.ndarray:
+        return self.data
+
+    def item(self) -> Any:
+        return self.data.item()
+
+    def detach(self) -> Tensor:
+        """The same array, cut from the graph."""
+        return Tensor(self.data)
+
+    def retain_grad(self) -> None:
+        """Keep ``.grad`` on this non-leaf tensor during backward (as PyTorch)."""
+        self._retains_grad = True
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        grad = f", grad_fn={self._ctx.fn.__name__}" if self._ctx else ""
+        req = ", requires_grad=True" if self.requires_grad and not self._ctx else ""
+        return f"Tensor({np.array2string(self.data, prefix='Tensor(')}, dtype={self.dtype}{req}{grad})"
+
+    # -- backpropagation ----------------------------------------------------
+    def backward(self, gradient: Any = None, retain_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf), contracted with ``gradient``, into every leaf's ``.grad``.
+
+        A one-element output defaults to ``gradient = 1``. Without
+        ``retain_graph`` the saved arrays are released, and a second backward
+        through the same ops raises instead of computing with stale data.
+        """
+        grads = backprop(self, gradient, retain_graph)
+        for t, g in grads.values():
+            if t.is_leaf or t._retains_grad:
+                if t.grad is None:
+                    t.grad = np.array(g, dtype=t.dtype)  # a copy we own, safe for +=
+                else:
+                    t.grad += g
+
+    def zero_grad(self) -> None:
+        self.grad = None
+
+    # -- operators (defined in ops.py) --------------------------------------
+    def __add__(self, other: Any) -> Tensor:
+        return ops.add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return ops.add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return ops.sub(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return ops.sub(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return ops.mul(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return ops.mul(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return ops.div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return ops.div(other, self)
+
+    def __pow__(self, exponent: Any) -> Tensor:
+        return ops.pow(self, exponent)
+
+    def __rpow__(self, base: Any) -> Tensor:
+        return ops.pow(base, self)
+
+    def __neg__(self) -> Tensor:
+        return ops.neg(self)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return ops.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        return ops.matmul(other, self)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return ops.getitem(self, index)
+
+    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return ops.sum(self, axis, keepdims)
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return ops.mean(self, axis, keepdims)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return ops.max(self, axis, keepdims)
+
+    def exp(self) -> Tensor:
+        return ops.exp(self)
+
+    def log(self) -> Tensor:
+        return ops.log(self)
+
+    def sqrt(self) -> Tensor:
+        return ops.sqrt(self)
+
+    def tanh(self) -> Tensor:
+        return ops.tanh(self)
+
+    def reshape(self, *shape: int | Sequence[int]) -> Tensor:
+        return ops.reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+
+    def permute(self, *dims: int | Sequence[int]) -> Tensor:
+        return ops.permute(self, dims[0] if len(dims) == 1 and not isinstance(dims[0], int) else dims)
+
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
+        """Swap two axes (PyTorch's ``transpose``; for a full permutation use ``permute``)."""
+        return ops.swapaxes(self, dim0, dim1)
+
+    def swapaxes(self, axis1: int, axis2: int) -> Tensor:
+        return ops.swapaxes(self, axis1, axis2)
+
+    @property
+    def T(self) -> Tensor:
+        return ops.permute(self, tuple(reversed(range(self.ndim))))
+
+    def masked_fill(self, mask: Any, value: float) -> Tensor:
+        return ops.masked_fill(self, mask, value)
+
+
+def backprop(
+    root: Tensor, gradient: Any = None, retain_graph: bool = False, keep: Sequence[Tensor] = ()
+) -> dict[int, tuple[Tensor, np.ndarray]]:
+    """Run the chain rule from ``root`` down the tape.
+
+    Returns ``{id(t): (t, dL/dt)}`` for the leaves reached, the tensors that
+    retain their grad, and those in ``keep``; an intermediate gradient is
+    dropped as soon as its op has used it. This is the engine behind
+    ``Tensor.backward`` and ``grad``; it writes no ``.grad`` itself.
+    """
+    if not root.requires_grad:
+        raise RuntimeError(
+            f"backward: the tensor of shape {root.shape} does not require grad and has no "
+            "recorded op (did it come from constants or from inside no_grad()?)"
+        )
+    if gradient is None:
+        if root.size != 1:
+            raise RuntimeError(
+                f"backward: grad can be implicitly created only for one-element outputs, but "
+                f"this output has shape {root.shape}; pass gradient= (an array of that shape)"
+            )
+        gradient = np.ones_like(root.data)
+    else:
+        gradient = np.asarray(gradient.data if isinstance(gradient, Tensor) else gradient, dtype=root.dtype)
+        if gradient.shape != root.shape:
+            raise RuntimeError(f"backward: gradient has shape {gradient.shape} but the output has shape {root.shape}")
+
+    kept = {id(t) for t in keep}
+    grads: dict[int, tuple[Tensor, np.ndarray]] = {id(root): (root, gradient)}
+    for t in reversed(_topological_order(root)):
+        ctx = t._ctx
+        if ctx is None or id(t) not in grads:
+            continue
+        g = grads[id(t)][1]
+        if not (t._retains_grad or id(t) in kept):
+            del grads[id(t)]
+        input_grads = ctx.fn.backward(ctx, g)
+        if not isinstance(input_grads, tuple):
+            input_grads = (input_grads,)
+        if len(input_grads) != len(ctx.inputs):
+            raise RuntimeError(
+                f"{ctx.fn.__name__}.backward returned {len(input_grads)} gradients for {len(ctx.inputs)} inputs"
+            )
+        for inp, needs, ig in zip(ctx.inputs, ctx.needs_input_grad, input_grads):
+            if not needs or ig is None:
+                continue
+            if ig.shape != inp.shape:
+                raise RuntimeError(
+                    f"{ctx.fn.__name__}.backward returned a gradient of shape {ig.shape} for an "
+                    f"input of shape {inp.shape}"
+                )
+            if id(inp) in grads:  # a tensor used by several ops: sum over the paths
+                grads[id(inp)] = (inp, grads[id(inp)][1] + ig)
+            else:
+                grads[id(inp)] = (inp, ig)
+        if not retain_graph:
+            ctx.release()
+    return grads
+
+
+def grad(
+    output: Tensor, inputs: Sequence[Tensor], gradient: Any = None, retain_graph: bool = False
+) -> tuple[np.ndarray, ...]:
+    """d(output)/d(input) contracted with ``gradient``, for each input, without touching ``.grad``.
+
+    Like ``torch.autograd.grad``: an input the output does not depend on gets zeros.
+    """
+    grads = backprop(output, gradient, retain_graph, keep=inputs)
+    return tuple(
+        np.asarray(grads[id(t)][1], dtype=t.dtype) if id(t) in grads else np.zeros_like(t.data) for t in inputs
+    )
+
+
+def _topological_order(root: Tensor) -> list[Tensor]:
+    """Tensors reachable from ``root`` that require grad, inputs before outputs.
+
+    An iterative depth-first search: each tensor is pushed once to be expanded
+    and once more to be emitted after everything it depends on.
+    """
+    order: list[Tensor] = []
+    visited: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    while stack:
+        t, expanded = stack.pop()
+        if expanded:
+            order.append(t)
+            continue
+        if id(t) in visited:
+            continue
+        visited.add(id(t))
+        stack.append((t, True))
+        if t._ctx is not None:
+            for inp in t._ctx.inputs:
+                if isinstance(inp, Tensor) and inp.requires_grad and id(inp) not in visited:
+                    stack.append((inp, False))
+    return order
+
+
+from minigrad_norm import ops  # noqa: E402  (ops builds on Function and Tensor above)

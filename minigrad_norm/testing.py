@@ -1,0 +1,100 @@
+"""Hypothesis strategies for gradient tests (needs the ``test`` extra).
+
+The project's own tests use these; they are public so that a user can test
+an op of their own the same way::
+
+    from hypothesis import given
+    from minigrad_norm.testing import arrays, broadcastable_shapes
+
+    @given(broadcastable_shapes().flatmap(lambda s: st.tuples(arrays(s[0]), arrays(s[1]))))
+    def test_my_op(xy): ...
+
+"Well conditioned" means what finite differences need: float64 values of
+moderate size, optionally kept ``margin`` away from zero (for ops with a kink
+there, like relu) or at least ``min_gap`` apart (for max and sorting, where
+a near-tie would move under a perturbation of eps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+try:
+    import hypothesis.extra.numpy as hnp
+    from hypothesis import strategies as st
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("minigrad_norm.testing needs hypothesis: pip install 'minigrad_norm[test]'") from e
+
+Shape = tuple[int, ...]
+
+
+def shapes(min_dims: int = 0, max_dims: int = 4, min_side: int = 1, max_side: int = 5) -> st.SearchStrategy[Shape]:
+    """Array shapes, including scalars () when ``min_dims`` is 0 and size-1 dims."""
+    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
+
+
+def broadcastable_shapes(
+    num_shapes: int = 2, min_dims: int = 0, max_dims: int = 4, max_side: int = 4
+) -> st.SearchStrategy[tuple[Shape, ...]]:
+    """Tuples of shapes that broadcast together, e.g. ((3, 1, 4), (2, 4)) or ((), (2,))."""
+    return hnp.mutually_broadcastable_shapes(
+        num_shapes=num_shapes, min_dims=min_dims, max_dims=max_dims, max_side=max_side
+    ).map(lambda r: r.input_shapes)
+
+
+def axes(ndim: int) -> st.SearchStrategy[int | tuple[int, ...] | None]:
+    """A reduction ``axis`` argument for an array of ``ndim`` dims: None, an int (maybe negative) or a tuple."""
+    if ndim == 0:
+        return st.sampled_from([None, (), 0, -1])
+    return st.one_of(
+        st.none(),
+        st.integers(-ndim, ndim - 1),
+        hnp.valid_tuple_axes(ndim, min_size=1),
+    )
+
+
+def arrays(
+    shape: Shape | st.SearchStrategy[Shape],
+    dtype: np.dtype | type = np.float64,
+    *,
+    low: float = -2.0,
+    high: float = 2.0,
+    margin: float = 0.0,
+    min_gap: float = 0.0,
+) -> st.SearchStrategy[np.ndarray]:
+    """Float arrays with values in [low, high].
+
+    ``margin`` keeps every value at least that far from 0; ``min_gap`` makes
+    all values pairwise at least that far apart (values then lie on a grid of
+    that spacing, shifted by a random offset).
+    """
+    dtype = np.dtype(dtype)
+    if min_gap > 0:
+        k = int((high - low) / min_gap)
+        grid = hnp.arrays(np.int64, shape, elements=st.integers(0, k), unique=True)
+        return st.tuples(grid, st.floats(0, 0.5)).map(lambda t: (low + (t[0] + t[1]) * min_gap).astype(dtype))
+    elements = st.floats(low, high, allow_nan=False, allow_infinity=False, width=64)
+    if margin > 0:
+        elements = elements.filter(lambda v: abs(v) >= margin)
+    return hnp.arrays(dtype, shape, elements=elements.map(float))
+
+
+def well_conditioned_rows(
+    shape: Shape | st.SearchStrategy[Shape], dtype: np.dtype | type = np.float64, *, min_std: float = 0.2
+) -> st.SearchStrategy[np.ndarray]:
+    """Arrays whose last-axis rows are not nearly constant: the inputs a norm's finite differences need.
+
+    A row with tiny spread makes 1/std huge and the central difference
+    meaningless; rows here have a standard deviation of at least ``min_std``.
+    """
+
+    def spread_ok(a: np.ndarray) -> bool:
+        return a.size == 0 or a.shape[-1] < 2 or bool(np.all(a.std(axis=-1) >= min_std))
+
+    return arrays(shape, dtype).filter(spread_ok)
+
+
+def dtypes(choices: Sequence[type] = (np.float32, np.float64)) -> st.SearchStrategy[np.dtype]:
+    return st.sampled_from([np.dtype(d) for d in choices])
