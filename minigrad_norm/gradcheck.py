@@ -169,10 +169,10 @@ def gradcheck_report(
     for k, a, n in zip(wrt, analytic, numeric):
         if a.size == 0:
             continue
-        diff = np.abs(a - n)
-        worst_abs = max(worst_abs, float(np.nanmax(diff)))
-        worst_rel = max(worst_rel, float(np.nanmax(diff / np.maximum(np.maximum(np.abs(a), np.abs(n)), atol))))
-        bad = ~(diff <= atol + rtol * np.abs(n))  # NaN counts as bad
+        diff = np.nan_to_num(np.abs(a - n), nan=np.inf)  # a NaN on either side is an infinite error
+        worst_abs = max(worst_abs, float(np.max(diff)))
+        worst_rel = max(worst_rel, float(np.max(diff / np.maximum(np.maximum(np.abs(a), np.abs(n)), atol))))
+        bad = ~(diff <= atol + rtol * np.abs(n))  # NaN anywhere counts as bad
         if bad.any() and not failure:
             excess = np.where(bad, np.nan_to_num(diff / (atol + rtol * np.abs(n)), nan=np.inf), -1.0)
             i, j = np.unravel_index(int(np.argmax(excess)), a.shape)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
 
 from minigrad_norm.tensor import Context, Function, Tensor
 
@@ -65,18 +66,14 @@ def require_real(op: str, *arrays: Any) -> None:
 
 
 def normalize_axis(axis: Axis, ndim: int) -> tuple[int, ...]:
-    """``axis`` as a sorted tuple of non-negative axes (``None`` means all)."""
+    """``axis`` as a sorted tuple of non-negative axes (``None`` means all).
+
+    As in NumPy and PyTorch, a 0-d tensor accepts axis 0 or -1 (and reduces nothing).
+    """
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int | np.integer) else tuple(axis)
-    out = []
-    for a in axes:
-        if not -ndim <= a < builtins.max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
-            raise np.exceptions.AxisError(f"axis {a} is out of bounds for a tensor of dimension {ndim}")
-        out.append(a % ndim if ndim else 0)
-    if len(set(out)) != len(out):
-        raise ValueError(f"repeated axis in {axis}")
-    return tuple(sorted(out)) if ndim else ()
+    axes = normalize_axis_tuple(axis, builtins.max(ndim, 1))
+    return tuple(sorted(axes)) if ndim else ()
 
 
 def expand_reduced(grad: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
@@ -214,11 +211,8 @@ class MatMul(Function):
         a, b = ctx.saved_tensors
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
-        g2 = g
-        if a.ndim == 1:
-            g2 = np.expand_dims(g2, -2)
-        if b.ndim == 1:
-            g2 = np.expand_dims(g2, -1)
+        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        g2 = g.reshape(*batch, a2.shape[-2], b2.shape[-1])  # g with the vectors' axes put back
         da = db = None
         if ctx.needs_input_grad[0]:
             da = unbroadcast(g2 @ np.swapaxes(b2, -1, -2), a2.shape).reshape(a.shape)

@@ -1,0 +1,267 @@
+"""The tape: graph traversal, accumulation, released graphs, no_grad, dtypes and bad input."""
+
+import re
+
+import numpy as np
+import pytest
+
+import minigrad_norm as mg
+import minigrad_norm.functional as F
+from minigrad_norm import Function, Tensor
+
+
+def leaf(a, dtype=np.float64):
+    return Tensor(np.asarray(a, dtype=dtype), requires_grad=True)
+
+
+# -- graph shape ----------------------------------------------------------------
+def test_chain_of_100k_nodes_backprops_without_recursion():
+    x = leaf([1.0, 2.0])
+    y = x
+    for _ in range(100_000):
+        y = y * 1.0001
+    (y * y).sum().backward()
+    expected = 2 * np.array([1.0, 2.0]) * 1.0001 ** (2 * 100_000)
+    np.testing.assert_allclose(x.grad, expected, rtol=1e-9)
+
+
+def test_a_node_feeding_several_ops_counts_each_path_once():
+    a = leaf([1.0, -2.0, 3.0])
+    b = a + a  # a reaches b twice
+    c = b * b  # b reaches c twice
+    c.backward(np.array([1.0, 10.0, 100.0]))
+    # c = 4 a^2, dc/da = 8a
+    np.testing.assert_array_equal(a.grad, np.array([8.0, -160.0, 2400.0]))
+
+
+def test_diamond_graph():
+    x = leaf(2.0)
+    u, v = x * 3.0, x.exp()
+    (u * v).backward()
+    # d/dx (3x e^x) = 3 e^x + 3x e^x
+    np.testing.assert_allclose(x.grad, 3 * np.exp(2.0) * (1 + 2.0))
+
+
+def test_gradients_accumulate_across_backward_calls():
+    x = leaf([1.0, 2.0])
+    (x * x).sum().backward()
+    (x * 3.0).sum().backward()
+    np.testing.assert_array_equal(x.grad, [2.0 + 3.0, 4.0 + 3.0])
+    x.zero_grad()
+    assert x.grad is None
+
+
+def test_second_backward_through_released_graph_raises_clearly():
+    x = leaf([1.0, 2.0])
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="second time.*retain_graph=True"):
+        y.backward()
+    np.testing.assert_array_equal(x.grad, [2.0, 4.0])  # the failed call added nothing
+
+
+def test_retain_graph_allows_a_correct_second_backward():
+    x = leaf([1.0, 2.0])
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_array_equal(x.grad, [4.0, 8.0])
+
+
+def test_ops_that_save_nothing_give_correct_results_on_a_second_backward():
+    x = leaf([1.0, 2.0])
+    y = (x + 1.0).sum()
+    y.backward()
+    y.backward()
+    np.testing.assert_array_equal(x.grad, [2.0, 2.0])
+
+
+def test_non_scalar_backward_needs_a_gradient():
+    x = leaf([1.0, 2.0])
+    with pytest.raises(RuntimeError, match=r"shape \(2,\).*gradient="):
+        (x * 2.0).backward()
+    with pytest.raises(RuntimeError, match=r"gradient has shape \(3,\) but the output has shape \(2,\)"):
+        (x * 2.0).backward(np.ones(3))
+
+
+def test_backward_on_a_constant_raises():
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        Tensor(np.ones(2)).sum().backward()
+
+
+def test_non_leaf_grads_are_not_kept_unless_retained():
+    x = leaf([1.0, 2.0])
+    h = x * 2.0
+    k = x * 3.0
+    k.retain_grad()
+    (h * k).sum().backward()
+    assert h.grad is None
+    np.testing.assert_array_equal(k.grad, [2.0, 4.0])  # d/dk sum(h k) = h
+
+
+def test_grad_function_does_not_touch_dot_grad():
+    x = leaf([1.0, 2.0])
+    w = leaf([3.0, 4.0])
+    (gx,) = mg.grad((x * w).sum(), [x])
+    np.testing.assert_array_equal(gx, [3.0, 4.0])
+    assert x.grad is None and w.grad is None
+
+
+def test_no_grad_records_nothing():
+    x = leaf([1.0])
+    with mg.no_grad():
+        y = x * 2.0
+        assert not mg.is_grad_enabled()
+    assert mg.is_grad_enabled()
+    assert not y.requires_grad and y.is_leaf
+
+
+def test_detach_cuts_the_graph_and_shares_data():
+    x = leaf([1.0, 2.0])
+    d = (x * 2.0).detach()
+    assert not d.requires_grad and d.is_leaf
+    y = x * d
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad, [2.0, 4.0])
+
+
+def test_data_is_the_array_itself_and_ops_never_write_to_it():
+    a = np.array([1.0, -2.0, 3.0])
+    b = np.array([0.5, 0.5, 0.5])
+    snapshot = a.copy(), b.copy()
+    x, y = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
+    assert x.data is a and x.numpy() is a
+    out = F.softmax(x * y + x.exp() / y, axis=0)[np.array([0, 0, 2])]
+    out.backward(np.array([1.0, 2.0, 3.0]))
+    np.testing.assert_array_equal(a, snapshot[0])
+    np.testing.assert_array_equal(b, snapshot[1])
+
+
+def test_gradient_argument_is_not_modified():
+    x = leaf([1.0, 2.0])
+    g = np.array([1.0, 1.0])
+    (x * 2.0).backward(g)
+    (x * 2.0).backward(g)
+    np.testing.assert_array_equal(g, [1.0, 1.0])
+
+
+# -- dtypes -------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_results_and_grads_keep_the_input_dtype(dtype):
+    x = leaf([1.0, 2.0, 3.0], dtype)
+    y = (x * 2.5 + 1 - x / 3.0) ** 2
+    z = F.gelu(F.softmax(y, axis=0)).sum() * 0.5
+    assert y.dtype == dtype and z.dtype == dtype
+    z.backward()
+    assert x.grad.dtype == dtype
+
+
+def test_float32_with_float64_follows_numpy_promotion():
+    a = leaf([1.0], np.float32)
+    b = leaf([2.0], np.float64)
+    c = a * b
+    assert c.dtype == np.result_type(np.float32, np.float64)
+    c.sum().backward()
+    assert a.grad.dtype == np.float32 and b.grad.dtype == np.float64
+
+
+def test_python_scalars_never_upcast_float32():
+    x = leaf([1.0, 2.0], np.float32)
+    for y in (x + 1.5, 2.5 * x, x / 3.0, 1.0 - x, x**2.0, 2.0**x, x**2):
+        assert y.dtype == np.float32
+
+
+def test_integer_tensors_serve_as_indices_but_never_require_grad():
+    idx = Tensor(np.array([2, 0]))
+    w = leaf(np.arange(6.0).reshape(3, 2))
+    w[idx].backward(np.ones((2, 2)))
+    np.testing.assert_array_equal(w.grad, [[1, 1], [0, 0], [1, 1]])
+    with pytest.raises(TypeError, match=r"only float32 and float64 tensors can require grad.*int64.*\(2,\)"):
+        Tensor(np.array([1, 2]), requires_grad=True)
+
+
+def test_unsupported_dtypes_are_refused():
+    with pytest.raises(TypeError, match="float16"):
+        Tensor(np.ones(2, dtype=np.float16))
+    with pytest.raises(TypeError, match="not supported"):
+        Tensor(np.array(["a"]))
+
+
+# -- bad input ------------------------------------------------------------------------
+def test_matmul_shape_mismatch_names_the_op_and_shapes():
+    with pytest.raises(ValueError, match=re.escape("matmul: shapes (3, 4) and (5, 6) are not aligned")):
+        leaf(np.ones((3, 4))) @ leaf(np.ones((5, 6)))
+    with pytest.raises(ValueError, match=r"matmul: batch dimensions of shapes \(2, 3, 4\) and \(5, 4, 6\)"):
+        leaf(np.ones((2, 3, 4))) @ leaf(np.ones((5, 4, 6)))
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_broadcasting_failure_names_the_op_and_shapes(op):
+    a, b = leaf(np.ones((3, 4))), leaf(np.ones((2, 4)))
+    fn = {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b, "div": lambda: a / b}[op]
+    with pytest.raises(
+        ValueError, match=re.escape(f"{op}: operands could not be broadcast together with shapes (3, 4) and (2, 4)")
+    ):
+        fn()
+
+
+def test_other_shape_errors_name_the_op():
+    x = leaf(np.ones((3, 4)))
+    with pytest.raises(ValueError, match=re.escape("reshape: cannot reshape a tensor of shape (3, 4)")):
+        x.reshape(5)
+    with pytest.raises(ValueError, match="permute"):
+        x.permute(0, 0)
+    with pytest.raises(
+        ValueError, match=re.escape("linear: input of shape (3, 4) does not match weight of shape (2, 5)")
+    ):
+        F.linear(x, leaf(np.ones((2, 5))))
+    with pytest.raises(IndexError, match="embedding: index out of range"):
+        F.embedding(np.array([3]), x)
+    with pytest.raises(
+        ValueError,
+        match=re.escape("masked_fill: operands could not be broadcast together with shapes (3, 4) and (2, 4)"),
+    ):
+        x.masked_fill(np.ones((2, 4), dtype=bool), 0.0)
+    with pytest.raises(
+        ValueError,
+        match=re.escape("masked_fill: mask of shape (2, 3, 4) does not broadcast to the input's shape (3, 4)"),
+    ):
+        x.masked_fill(np.ones((2, 3, 4), dtype=bool), 0.0)
+    with pytest.raises(ValueError, match="cross_entropy: logits of shape"):
+        F.cross_entropy(x, np.array([0, 1]))
+
+
+class Square(Function):
+    """A user-defined op, the way the README shows it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+def test_a_user_defined_function_joins_the_tape():
+    x = leaf([1.0, 3.0])
+    (Square.apply(x) * 2.0).sum().backward()
+    np.testing.assert_array_equal(x.grad, [4.0, 12.0])
+
+
+def test_a_backward_returning_the_wrong_shape_is_caught():
+    class Bad(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.sum()
+
+    with pytest.raises(
+        RuntimeError, match=r"Bad.backward returned a gradient of shape \(\) for an input of shape \(2,\)"
+    ):
+        Bad.apply(leaf([1.0, 2.0])).backward(np.ones(2))

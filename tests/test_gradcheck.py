@@ -1,0 +1,222 @@
+"""The verification tools themselves: they catch wrong rules and never pass one by accident."""
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given
+
+import minigrad_norm.functional as F
+from minigrad_norm import Function, GradcheckError, Tensor, gradcheck, jacobian, numerical_jacobian
+from minigrad_norm.gradcheck import gradcheck_report
+from minigrad_norm.testing import arrays, shapes
+
+
+def leaf(a, dtype=np.float64):
+    return Tensor(np.asarray(a, dtype=dtype), requires_grad=True)
+
+
+class MatVec(Function):
+    """y = A x, with a backward chosen by ``mode``: right, off by a factor, or transposed."""
+
+    mode = "right"
+
+    @staticmethod
+    def forward(ctx, a, x):
+        ctx.save_for_backward(a, x)
+        return a @ x
+
+    @staticmethod
+    def backward(ctx, g):
+        a, x = ctx.saved_tensors
+        da = np.outer(g, x)
+        dx = {"right": a.T @ g, "factor": 2 * (a.T @ g), "transpose": a @ g}[MatVec.mode]
+        return da, dx
+
+
+@pytest.fixture
+def matvec_inputs(rng):
+    return leaf(rng.standard_normal((3, 3))), leaf(rng.standard_normal(3))
+
+
+@pytest.mark.parametrize("method", ["central", "complex"])
+def test_catches_a_backward_off_by_a_factor_or_a_transpose(matvec_inputs, method, monkeypatch):
+    monkeypatch.setattr(MatVec, "mode", "right")
+    assert gradcheck(MatVec.apply, matvec_inputs, method=method)
+    for wrong in ("factor", "transpose"):
+        monkeypatch.setattr(MatVec, "mode", wrong)
+        assert not gradcheck(MatVec.apply, matvec_inputs, raise_exception=False, method=method)
+        with pytest.raises(GradcheckError, match=r"Jacobian mismatch for input 1 \(shape \(3,\)\)"):
+            gradcheck(MatVec.apply, matvec_inputs, method=method)
+
+
+def test_failure_message_names_the_worst_element_and_both_values():
+    class Cube(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x**3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            wrong = 3 * x**2
+            wrong[1, 2] += 0.5  # one bad entry
+            return g * wrong
+
+    x = leaf(np.ones((2, 3)))
+    with pytest.raises(GradcheckError) as e:
+        gradcheck(Cube.apply, (x,))
+    msg = str(e.value)
+    assert "input 0 (shape (2, 3))" in msg
+    assert "input element (1, 2)" in msg and "output element 5" in msg
+    assert re.search(r"analytic 3\.5\b", msg) and re.search(r"numerical 3(\.0+)?\b", msg)
+    assert "1 of 36 entries disagree" in msg
+
+
+def test_a_wrong_rule_that_a_plain_sum_would_hide_is_caught():
+    """LayerNorm-like centering: sum(y) is constant, so a loss of sum(y) has gradient 0
+    whatever the rule. The full Jacobian exposes a backward that forgets the centering term."""
+
+    class Center(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x - x.mean()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g  # forgets -mean(g)
+
+    x = leaf([1.0, 2.0, 4.0])
+    assert not gradcheck(Center.apply, (x,), raise_exception=False)
+
+
+def test_refuses_float32_inputs():
+    with pytest.raises(TypeError, match=r"gradcheck: input 0 \(shape \(2,\)\) is float32.*float64"):
+        gradcheck(lambda t: t * 2.0, (leaf([1.0, 2.0], np.float32),))
+
+
+def test_catches_a_function_that_modifies_its_input():
+    def bad(t):
+        t.data[0] += 1.0
+        return t * 2.0
+
+    report = gradcheck_report(bad, (leaf([1.0, 2.0]),))
+    assert not report.passed and "modified input 0" in report.message
+
+
+def test_catches_a_nondeterministic_backward():
+    calls = {"n": 0}
+
+    class Flaky(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            calls["n"] += 1
+            return 2 * g + (1e-3 if calls["n"] > 2 else 0.0)
+
+    report = gradcheck_report(Flaky.apply, (leaf([1.0, 2.0]),))
+    assert not report.passed and "not deterministic" in report.message
+
+
+def test_warns_when_the_check_is_vacuous():
+    with pytest.warns(UserWarning, match="below atol"):
+        assert gradcheck(lambda t: t * 1e-9, (leaf([1.0, 2.0]),))
+
+
+def test_nan_on_either_side_fails():
+    class NaNGrad(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * np.nan
+
+    assert not gradcheck(NaNGrad.apply, (leaf([1.0]),), raise_exception=False)
+    # log of a negative number: NaN forward, so NaN finite differences
+    assert not gradcheck(lambda t: t.log(), (leaf([-1.0]),), raise_exception=False)
+
+
+def test_jacobians_are_2d_out_by_in_and_leave_grads_alone(rng):
+    a = leaf(rng.standard_normal((2, 3)))
+    w = leaf(rng.standard_normal(3))
+    (j_a,) = jacobian(lambda t: t * w.data, (a,))
+    assert j_a.shape == (6, 6)
+    np.testing.assert_array_equal(j_a, np.diag(np.tile(w.data, 2)))
+    ja, jw = jacobian(lambda t, u: t * u, (a, w))
+    assert jw.shape == (6, 3)
+    np.testing.assert_allclose(jw, np.vstack([np.diag(a.data[0]), np.diag(a.data[1])]))
+    assert a.grad is None and w.grad is None
+
+
+def test_only_inputs_that_require_grad_are_differentiated(rng):
+    a = leaf(rng.standard_normal(3))
+    c = Tensor(rng.standard_normal(3))
+    assert len(jacobian(lambda x, y: x * y, (a, c))) == 1
+    assert len(numerical_jacobian(lambda x, y: x * y, (a, c))) == 1
+
+
+def test_tuple_outputs_stack_their_rows(rng):
+    a = leaf(rng.standard_normal(2))
+    (j,) = jacobian(lambda x: (x * 2.0, x.sum()), (a,))
+    np.testing.assert_allclose(j, np.vstack([2 * np.eye(2), np.ones((1, 2))]))
+
+
+@given(x=arrays(shapes(min_dims=1, max_dims=2, max_side=4), low=0.5, high=2.0))
+def test_complex_step_is_exact_to_machine_precision(x):
+    """imag(f(x + ih))/h has no cancellation: it matches the analytic derivative to ~1e-15,
+    where central differences can only reach ~1e-10."""
+
+    def f(t):
+        return (t.exp() * t.sqrt() + t.tanh() / t).log() + t**2.5
+
+    (j_cs,) = numerical_jacobian(f, (leaf(x),), method="complex")
+    (j_rev,) = jacobian(f, (leaf(x),))
+    np.testing.assert_allclose(j_cs, j_rev, rtol=1e-13, atol=1e-14)
+
+
+def test_complex_step_through_softmax_matmul_and_cross_entropy(rng):
+    z = leaf(rng.standard_normal((4, 5)))
+    w = rng.standard_normal((5, 5))
+    t = np.array([0, 4, 2, 1])
+
+    def loss(logits):
+        return F.cross_entropy(F.softmax(logits @ w, axis=-1) * 3.0, t) + F.log_softmax(logits).mean()
+
+    (j_cs,) = numerical_jacobian(loss, (z,), method="complex")
+    (j_rev,) = jacobian(loss, (z,))
+    np.testing.assert_allclose(j_cs, j_rev, rtol=1e-12, atol=1e-15)
+    assert gradcheck(loss, (z,), method="complex", atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "fn, op",
+    [(F.relu, "relu"), (lambda t: t.max(), "max"), (lambda t: F.gelu(t), "gelu")],
+)
+def test_complex_step_refuses_non_analytic_ops(fn, op):
+    with pytest.raises(TypeError, match=rf"{op}.*(not analytic|no complex).*method='central'"):
+        numerical_jacobian(fn, (leaf([1.0, -2.0]),), method="complex")
+
+
+def test_numerical_jacobian_does_not_modify_inputs(rng):
+    x = rng.standard_normal(4)
+    snapshot = x.copy()
+    t = leaf(x)
+    numerical_jacobian(lambda u: u * u, (t,))
+    numerical_jacobian(lambda u: u * u, (t,), method="complex")
+    np.testing.assert_array_equal(x, snapshot)
+    assert t.data is x
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="method must be 'central' or 'complex'"):
+        numerical_jacobian(lambda u: u, (leaf([1.0]),), method="forward")
+    with pytest.raises(ValueError, match="no input requires grad"):
+        gradcheck(lambda u: u, (Tensor(np.ones(2)),))
+    with pytest.raises(TypeError, match="input 0 is a ndarray"):
+        gradcheck(lambda u: u, (np.ones(2),))
