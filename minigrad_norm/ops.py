@@ -335,6 +335,21 @@ class Tanh(Function):
         return g * (1 - y * y)
 
 
+class Abs(Function):
+    """y = |a|;  dL/da = g * sign(a)  (0 at a = 0, as PyTorch). Not analytic: no complex step."""
+
+    @staticmethod
+    def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
+        require_real("abs", a)
+        ctx.save_for_backward(a)
+        return np.abs(a)
+
+    @staticmethod
+    def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
+        (a,) = ctx.saved_tensors
+        return g * np.sign(a)
+
+
 # -- shape ops ------------------------------------------------------------------------
 class Reshape(Function):
     """y = a viewed with a new shape;  dL/da = g viewed with a's shape."""
@@ -519,6 +534,18 @@ def sqrt(a: Tensor) -> Tensor:
 
 def tanh(a: Tensor) -> Tensor:
     return Tanh.apply(a)
+
+
+def abs(a: Tensor) -> Tensor:  # noqa: A001
+    return Abs.apply(a)
+
+
+def compare(op: str, a: Any, b: Any) -> Tensor:
+    """Elementwise comparison: a boolean Tensor outside the graph (it has no gradient)."""
+    a, b = _operands(a, b)
+    require_real(op, a.data, b.data)
+    broadcast_shape(op, a.data, b.data)
+    return Tensor(getattr(np, op)(a.data, b.data))
 
 
 def reshape(a: Tensor, shape: Sequence[int]) -> Tensor:

@@ -260,6 +260,24 @@ class Tensor:
     def __rmatmul__(self, other: Any) -> Tensor:
         return ops.matmul(other, self)
 
+    def __abs__(self) -> Tensor:
+        return ops.abs(self)
+
+    def abs(self) -> Tensor:
+        return ops.abs(self)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return ops.compare("less", self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return ops.compare("less_equal", self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return ops.compare("greater", self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return ops.compare("greater_equal", self, other)
+
     def __getitem__(self, index: Any) -> Tensor:
         return ops.getitem(self, index)
 

@@ -196,7 +196,13 @@ def test_complex_step_through_softmax_matmul_and_cross_entropy(rng):
 
 @pytest.mark.parametrize(
     "fn, op",
-    [(F.relu, "relu"), (lambda t: t.max(), "max"), (lambda t: F.gelu(t), "gelu")],
+    [
+        (F.relu, "relu"),
+        (lambda t: t.max(), "max"),
+        (lambda t: abs(t), "abs"),
+        (lambda t: t * (t > 0.0), "greater"),
+        (lambda t: F.gelu(t), "gelu"),
+    ],
 )
 def test_complex_step_refuses_non_analytic_ops(fn, op):
     with pytest.raises(TypeError, match=rf"{op}.*(not analytic|no complex).*method='central'"):

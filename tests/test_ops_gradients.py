@@ -127,6 +127,18 @@ def test_unary(fn, low, high, data):
     assert gradcheck(weighted(fn), (leaf(a),), **TOL)
 
 
+@given(a=arrays(shapes(max_dims=3), margin=0.01))
+def test_abs_away_from_the_kink(a):
+    assert gradcheck(weighted(abs), (leaf(a),), **TOL)
+
+
+def test_comparisons_give_boolean_tensors_outside_the_graph():
+    x = leaf([1.0, -2.0, 3.0])
+    for mask, expected in ((x > 0.0, [1, 0, 1]), (x <= 1.0, [1, 1, 0]), (x < x * 0.0, [0, 1, 0]), (x >= 3, [0, 0, 1])):
+        assert mask.dtype == np.bool_ and not mask.requires_grad
+        np.testing.assert_array_equal(mask.data, np.array(expected, dtype=bool))
+
+
 @given(a=arrays(shapes(max_dims=3), margin=0.01).filter(lambda a: np.any(a > 0)))
 def test_relu_away_from_the_kink(a):
     assert gradcheck(weighted(F.relu), (leaf(a),), **TOL)
