@@ -139,7 +139,8 @@ def test_nan_on_either_side_fails():
 
     assert not gradcheck(NaNGrad.apply, (leaf([1.0]),), raise_exception=False)
     # log of a negative number: NaN forward, so NaN finite differences
-    assert not gradcheck(lambda t: t.log(), (leaf([-1.0]),), raise_exception=False)
+    with np.errstate(invalid="ignore"):
+        assert not gradcheck(lambda t: t.log(), (leaf([-1.0]),), raise_exception=False)
 
 
 def test_jacobians_are_2d_out_by_in_and_leave_grads_alone(rng):
