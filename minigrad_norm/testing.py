@@ -98,3 +98,77 @@ def well_conditioned_rows(
 
 def dtypes(choices: Sequence[type] = (np.float32, np.float64)) -> st.SearchStrategy[np.dtype]:
     return st.sampled_from([np.dtype(d) for d in choices])
+
+
+# -- normalization layers -----------------------------------------------------------------------------
+def ensure_spread(
+    a: np.ndarray, axes: int | Sequence[int], min_std: float = 0.2, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """A copy of ``a`` in which every group (the values sharing an index outside ``axes``) has std >= min_std.
+
+    A group below it gets a centered ramp of std 2 * min_std added; since the
+    standard deviation is a norm on centered vectors, the sum then has a
+    spread of at least min_std. ``mask`` (broadcastable to ``a``) restricts the
+    groups to their valid values; groups with fewer than 2 values are left alone.
+    """
+    axes = tuple(ax % a.ndim for ax in ((axes,) if isinstance(axes, int) else axes))
+    keep = [ax for ax in range(a.ndim) if ax not in axes]
+    order = keep + list(axes)
+    moved = np.array(np.transpose(a, order), order="C", copy=True)  # rows below are views of it
+    rows = moved.reshape(-1, int(np.prod([a.shape[ax] for ax in axes], dtype=np.int64)))
+    valid = (
+        np.ones(rows.shape, bool)
+        if mask is None
+        else np.transpose(np.broadcast_to(mask, a.shape), order).reshape(rows.shape)
+    )
+    for row, ok in zip(rows, valid):
+        m = int(ok.sum())
+        if m >= 2 and row[ok].std() < min_std:
+            ramp = np.linspace(-1.0, 1.0, m)
+            row[ok] += ramp * (2 * min_std / ramp.std())
+    return np.transpose(rows.reshape(moved.shape), np.argsort(order))
+
+
+def spread_arrays(
+    shape: Shape, axes: int | Sequence[int], dtype: np.dtype | type = np.float64, *, min_std: float = 0.2
+) -> st.SearchStrategy[np.ndarray]:
+    """Arrays in [-2, 2] (plus a ramp where needed) whose groups over ``axes`` have std >= min_std:
+    well conditioned for the finite differences of a norm whose statistics reduce over ``axes``."""
+    return arrays(shape, dtype).map(lambda a: ensure_spread(a, axes, min_std))
+
+
+def channel_shapes(
+    max_spatial_dims: int = 2, min_batch: int = 1, max_side: int = 4, min_spatial: int = 1
+) -> st.SearchStrategy[Shape]:
+    """(N, C, *spatial) shapes with 0..max_spatial_dims spatial dims whose product is >= min_spatial."""
+    return (
+        st.tuples(
+            st.integers(min_batch, max_side),
+            st.integers(1, max_side),
+            st.lists(st.integers(1, max_side), max_size=max_spatial_dims),
+        )
+        .map(lambda t: (t[0], t[1], *t[2]))
+        .filter(lambda s: int(np.prod(s[2:], dtype=np.int64)) >= min_spatial)
+    )
+
+
+def layer_norm_shapes(
+    max_lead_dims: int = 2, max_norm_dims: int = 2, max_side: int = 4, min_group: int = 1
+) -> st.SearchStrategy[tuple[Shape, Shape]]:
+    """(x_shape, normalized_shape): normalized_shape the trailing 1..max_norm_dims dims of x_shape,
+    with at least ``min_group`` elements (a group of one value has a zero Jacobian)."""
+    norm = shapes(1, max_norm_dims, 1, max_side).filter(lambda s: int(np.prod(s)) >= min_group)
+    return st.tuples(shapes(0, max_lead_dims, 1, max_side), norm).map(lambda t: (t[0] + t[1], t[1]))
+
+
+def masks(shape: Shape, min_valid: int = 2) -> st.SearchStrategy[np.ndarray]:
+    """Boolean masks of ``shape`` (N, *spatial) with at least ``min_valid`` True values in each sample."""
+
+    def at_least(m: np.ndarray) -> np.ndarray:
+        rows = m.reshape(m.shape[0], -1)
+        for row in rows:
+            if row.sum() < min_valid:
+                row[:min_valid] = True
+        return rows.reshape(m.shape)
+
+    return hnp.arrays(np.bool_, shape).map(lambda m: at_least(m.copy()))

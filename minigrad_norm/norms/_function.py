@@ -1,0 +1,389 @@
+"""The one graph node behind every norm: normalize the groups of a 4-D view, then an affine.
+
+Every norm in this package is the same computation once its input is seen as
+``x4`` of shape ``(N, G, K, S)`` (see ``minigrad_norm.kernels.reference``):
+
+    mean  = mean over the group of x          (0 when not centered: RMSNorm)
+    var   = mean over the group of (x - mean)^2
+    rstd  = 1 / sqrt(var + eps)
+    xhat  = (x - mean) * rstd
+    y     = xhat * weight[g, k] + bias[g, k]
+
+where "the group" is ``(K, S)`` for each ``(n, g)`` (per-sample norms) or
+``(N, K, S)`` for each ``g`` (BatchNorm, ``reduce_batch``). Each public norm
+only arranges its axes into that view and states its own math; the forward and
+backward below are the single place the graph node is defined:
+
+    forward:  x -> view -> core forward -> y;     saved: x4, mean, rstd, weight
+    backward: dy -> core backward(dy, x4, mean, rstd, weight) -> dx, dweight, dbias
+
+The backward (derived in docs/derivations.md), with m the group size and
+mean_g(.) the mean over a group, dxhat = dy * weight:
+
+    dx      = rstd * (dxhat - mean_g(dxhat) - xhat * mean_g(dxhat * xhat))   (centered)
+    dx      = rstd * (dxhat - xhat * mean_g(dxhat * xhat))                    (RMS)
+    dx      = rstd * dxhat                                                    (fixed statistics)
+    dweight = sum over the positions sharing a weight of dy * xhat
+    dbias   = sum over the same positions of dy
+
+xhat is recomputed from (x, mean, rstd) rather than saved: one array saved
+instead of two, at the price of one fused multiply-subtract in the backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from minigrad_norm.backend import kernels_for
+from minigrad_norm.ops import as_tensor
+from minigrad_norm.tensor import Context, Function, Tensor
+
+View = tuple[int, int, int, int]
+
+
+@dataclass
+class RunningStats:
+    """Running buffers updated in place by a training-mode forward (BatchNorm, InstanceNorm).
+
+    ``new = (1 - momentum) * old + momentum * batch_stat``, with the *unbiased*
+    batch variance ``var * count / (count - 1)``. Per-sample statistics (N, C)
+    (InstanceNorm) are averaged over N first, as PyTorch does.
+    """
+
+    mean: np.ndarray | None
+    var: np.ndarray | None
+    momentum: float
+
+    def update(self, mean: np.ndarray, var: np.ndarray, count: np.ndarray) -> None:
+        # under the complex-step method the real part is the statistic of the real input (to O(h^2))
+        mean, var = mean.real, var.real
+        unbiased = var * (count / (count - 1))
+        if mean.ndim == 2:  # per-sample statistics: average over the batch
+            mean, unbiased = mean.mean(axis=0), unbiased.mean(axis=0)
+        m = self.momentum
+        if self.mean is not None:
+            self.mean[...] = (1 - m) * self.mean + m * mean
+        if self.var is not None:
+            self.var[...] = (1 - m) * self.var + m * unbiased
+
+
+class Normalize(Function):
+    """Group normalization of the view ``(N, G, K, S)`` then ``* weight + bias``; see the module docstring.
+
+    ``apply(x, weight, bias, view=..., eps=..., ...)``: ``x`` of any shape
+    with ``prod(x.shape) == prod(view)``, ``weight``/``bias`` of any shape
+    with ``G * K`` elements (or None). Keyword options:
+
+    * ``centered``: subtract the mean (False: RMSNorm);
+    * ``reduce_batch``: statistics per ``g`` over ``(N, K, S)`` (BatchNorm);
+      statistics then have shape (G,), else (N, G);
+    * ``mask``: bool (N, S), the valid positions;
+    * ``stats``: given ``(mean, var)`` of shape (G,) used as constants
+      (eval-mode BatchNorm, InstanceNorm without input statistics); the
+      core then sees them as per-channel statistics (``reduce_batch``);
+    * ``running``: ``RunningStats`` to update from the batch statistics.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Context,
+        x: np.ndarray,
+        weight: np.ndarray | None,
+        bias: np.ndarray | None,
+        *,
+        view: View,
+        eps: float,
+        centered: bool = True,
+        reduce_batch: bool = False,
+        mask: np.ndarray | None = None,
+        stats: tuple[np.ndarray, np.ndarray] | None = None,
+        running: RunningStats | None = None,
+    ) -> np.ndarray:
+        if stats is not None:  # per channel, shape (G,); copied, so a later buffer update cannot reach the backward
+            reduce_batch, stats = True, (np.array(stats[0], copy=True), np.array(stats[1], copy=True))
+        x4 = np.ascontiguousarray(x).reshape(view)
+        affine_shape = view[1:3]
+        w2 = None if weight is None else np.ascontiguousarray(weight).reshape(affine_shape)
+        b2 = None if bias is None else np.ascontiguousarray(bias).reshape(affine_shape)
+        y, mean, var = kernels_for(x4).norm_forward(
+            x4, w2, b2, eps, centered=centered, reduce_batch=reduce_batch, mask=mask, stats=stats
+        )
+        if running is not None and stats is None:
+            running.update(mean, var, group_count(view, reduce_batch, mask))
+        rstd = 1.0 / np.sqrt(var + eps)
+        ctx.save_for_backward(x4, mean, rstd, w2)
+        ctx.x_shape, ctx.affine_shapes = x.shape, (np.shape(weight), np.shape(bias))
+        ctx.options = {"centered": centered, "reduce_batch": reduce_batch, "mask": mask}
+        ctx.fixed_stats = stats is not None
+        return y.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx: Context, dy: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        x4, mean, rstd, w2 = ctx.saved_tensors
+        need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        if w2 is None and need_b:  # bias without weight: dbias is the core's dbias with weight = 1
+            w2 = np.ones(x4.shape[1:3], dtype=ctx.inputs[2].dtype)
+        dy4 = np.ascontiguousarray(dy).reshape(x4.shape)
+        dx, dw, db = kernels_for(x4, dy4).norm_backward(
+            dy4, x4, mean, rstd, w2, fixed_stats=ctx.fixed_stats, need_affine_grads=need_w or need_b, **ctx.options
+        )
+        w_shape, b_shape = ctx.affine_shapes
+        return (
+            dx.reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None,
+            dw.reshape(w_shape) if need_w else None,
+            db.reshape(b_shape) if need_b else None,
+        )
+
+
+def group_count(view: View, reduce_batch: bool, mask: np.ndarray | None) -> np.ndarray:
+    """How many values each statistic averages: shape (G,) or (N, G), as float64."""
+    n, g, k, s = view
+    if mask is None:
+        per_stat = n * k * s if reduce_batch else k * s
+        return np.full((g,) if reduce_batch else (n, g), float(per_stat))
+    valid = mask.reshape(n, s).sum(axis=1).astype(np.float64) * k  # per sample
+    return np.full(g, valid.sum()) if reduce_batch else np.repeat(valid[:, None], g, axis=1)
+
+
+# -- argument checks shared by the public functionals ------------------------------------------------
+def array_of(value: Any) -> np.ndarray | None:
+    """The ndarray inside a Tensor (or the array itself, or None)."""
+    if value is None:
+        return None
+    return np.asarray(value.data if isinstance(value, Tensor) else value)
+
+
+def as_float_tensor(op: str, x: Any) -> Tensor:
+    """``x`` as a Tensor; integer or boolean data is a TypeError (a norm of integers is meaningless)."""
+    t = as_tensor(x)
+    if t.dtype.kind not in "fc":
+        raise TypeError(f"{op}: input must be a floating-point array, got dtype {t.dtype} with shape {t.shape}")
+    return t
+
+
+def check_eps(op: str, eps: Any, *, allow_zero: bool = False) -> float:
+    """eps must be a finite number > 0 (>= 0 where ``allow_zero``: the mathematical eps = 0 case)."""
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: eps must be a number, got {eps!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{op}: eps must be a finite number {bound}, got {eps!r}")
+    return value
+
+
+def check_affine(op: str, name: str, value: Any, shape: tuple[int, ...], x_shape: tuple[int, ...]) -> Any:
+    """``weight``/``bias`` must be None or have exactly ``shape``; returned unchanged (Tensor or array)."""
+    if value is None:
+        return None
+    got = np.shape(value.data if isinstance(value, Tensor) else value)
+    if got != shape:
+        raise ValueError(f"{op}: {name} must have shape {shape} for an input of shape {x_shape}, got {got}")
+    return value
+
+
+def channel_args(op: str, x: Any, weight: Any, bias: Any, eps: Any) -> tuple[Tensor, Any, Any, float, View]:
+    """Check the arguments every ``(N, C, *)`` norm takes; returns them and the view (N, C, 1, S)."""
+    x = as_float_tensor(op, x)
+    if x.ndim < 2:
+        raise ValueError(f"{op}: input must have at least 2 dims (N, C, *), got shape {x.shape}")
+    n, c = x.shape[:2]
+    weight = check_affine(op, "weight", weight, (c,), x.shape)
+    bias = check_affine(op, "bias", bias, (c,), x.shape)
+    return x, weight, bias, check_eps(op, eps), (n, c, 1, math.prod(x.shape[2:]))
+
+
+def check_mask(op: str, mask: Any, x_shape: tuple[int, ...]) -> np.ndarray | None:
+    """A boolean mask of shape (N, *spatial) as a C-contiguous (N, S) array, or None."""
+    if mask is None:
+        return None
+    m = np.asarray(mask.data if isinstance(mask, Tensor) else mask)
+    expected = x_shape[:1] + x_shape[2:]
+    if m.dtype != np.bool_:
+        raise TypeError(f"{op}: mask must be a boolean array of shape {expected}, got dtype {m.dtype}")
+    if m.shape != expected:
+        raise ValueError(
+            f"{op}: mask must have shape (N, *spatial) = {expected} for an input of shape {x_shape}, got {m.shape}"
+        )
+    return np.ascontiguousarray(m).reshape(x_shape[0], -1)
+
+
+def check_count(op: str, counts: np.ndarray, what: str, x_shape: tuple[int, ...], masked: bool) -> None:
+    """Training statistics need at least 2 values each: with 1 the output would be ``bias`` whatever x."""
+    if counts.size and counts.min() <= 1:
+        where = f" (the mask leaves {int(counts.min())} valid value(s) for some statistic)" if masked else ""
+        raise ValueError(
+            f"{op}: Expected more than 1 {what} when training, got input size {x_shape}{where}: with a single "
+            "value, x - mean is 0 and the output would be the bias whatever the input"
+        )
+
+
+def check_running(op: str, name: str, value: Any, c: int) -> np.ndarray | None:
+    """A running buffer: None or a float ndarray of shape (C,) (updated in place, so not a copy)."""
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        value = value.data
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+        raise TypeError(f"{op}: {name} must be a float ndarray of shape ({c},), got {type(value).__name__}")
+    if value.shape != (c,):
+        raise ValueError(f"{op}: {name} must have shape ({c},) (one per channel), got {value.shape}")
+    return value
+
+
+def running_stats(op: str, mean: np.ndarray | None, var: np.ndarray | None, momentum: Any) -> RunningStats | None:
+    """The buffers a training-mode forward updates, or None when there are none."""
+    if mean is None and var is None:
+        return None
+    if momentum is None:
+        raise TypeError(
+            f"{op}: momentum=None (a cumulative average) needs the batch counter of a module; the functional "
+            "form takes a number (the module passes 1 / num_batches_tracked)"
+        )
+    return RunningStats(mean, var, float(momentum))
+
+
+def given_stats(op: str, mean: np.ndarray | None, var: np.ndarray | None, flag: str) -> tuple[np.ndarray, np.ndarray]:
+    """Statistics used as constants: both buffers must be there."""
+    if mean is None or var is None:
+        raise ValueError(f"{op}: running_mean and running_var are required when {flag} (they normalize the input)")
+    return mean, var
+
+
+def channel_norm(
+    x: Any,
+    running_mean: np.ndarray | None,
+    running_var: np.ndarray | None,
+    weight: Any,
+    bias: Any,
+    input_stats: bool,
+    momentum: float | None,
+    eps: float,
+    mask: Any,
+    *,
+    reduce_batch: bool,
+) -> Tensor:
+    """BatchNorm (``reduce_batch``) and InstanceNorm on the view (N, C, 1, S).
+
+    With ``input_stats`` (BatchNorm's ``training``, InstanceNorm's
+    ``use_input_stats``) the statistics come from x, per channel or per
+    (n, c), each must average more than one value, and the running buffers,
+    if any, are updated; otherwise the running buffers are the statistics.
+    """
+    op, what, flag = (
+        ("batch_norm", "value per channel", "training=False")
+        if reduce_batch
+        else ("instance_norm", "spatial element", "use_input_stats=False")
+    )
+    x, weight, bias, eps, view = channel_args(op, x, weight, bias, eps)
+    running_mean = check_running(op, "running_mean", running_mean, view[1])
+    running_var = check_running(op, "running_var", running_var, view[1])
+    mask = check_mask(op, mask, x.shape)
+    if not input_stats:
+        stats = given_stats(op, running_mean, running_var, flag)
+        return Normalize.apply(x, weight, bias, view=view, eps=eps, mask=mask, stats=stats)
+    check_count(op, group_count(view, reduce_batch, mask), what, x.shape, mask is not None)
+    running = running_stats(op, running_mean, running_var, momentum)
+    return Normalize.apply(x, weight, bias, view=view, eps=eps, reduce_batch=reduce_batch, mask=mask, running=running)
+
+
+# -- closed-form Jacobians ---------------------------------------------------------------------------
+def group_jacobians(
+    x4: np.ndarray,
+    weight2: np.ndarray | None,
+    eps: float,
+    *,
+    centered: bool = True,
+    reduce_batch: bool = False,
+    mask: np.ndarray | None = None,
+    stats: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """The Jacobian of each group's output w.r.t. the same group's input: (groups, m, m).
+
+    For a group of m values (m = the valid count under a mask), with
+    rstd = 1/sqrt(var + eps) and xhat the normalized group:
+
+        J = diag(w) * rstd * (I - 1/m * 1 1^T - 1/m * xhat xhat^T)    (centered)
+        J = diag(w) * rstd * (I - 1/m * xhat xhat^T)                   (RMS: no mean)
+        J = diag(w) * rstd * I                                         (fixed statistics)
+
+    w is the affine weight of each element (1 without weight). Masked-out
+    elements have zero rows and columns. Groups are ordered as the statistics
+    ((n, g) per sample, g per channel) and elements within a group as ``x4``'s
+    (n, k, s) in C order. Complex input is allowed (the formula is analytic).
+    """
+    xg = as_groups(x4, reduce_batch).astype(np.result_type(x4.dtype, np.float64))
+    n_groups, m = xg.shape
+    valid = np.ones_like(xg, dtype=bool) if mask is None else as_groups(_mask4(mask, x4.shape), reduce_batch)
+    count = valid.sum(axis=1, keepdims=True)
+    if stats is None:
+        mean = (np.where(valid, xg, 0).sum(axis=1, keepdims=True) / count) if centered else np.zeros((n_groups, 1))
+        xc = np.where(valid, xg - mean, 0)
+        var = (xc * xc).sum(axis=1, keepdims=True) / count
+    else:
+        stat_shape = x4.shape[1:2] if reduce_batch else x4.shape[:2]
+        mean, var = (np.broadcast_to(np.asarray(s, dtype=np.float64), stat_shape).reshape(n_groups, 1) for s in stats)
+        xc = np.where(valid, xg - mean, 0)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat = xc * rstd
+    eye = np.broadcast_to(np.eye(m), (n_groups, m, m)) * valid[:, :, None]
+    inner = eye.astype(xhat.dtype)
+    if stats is None:
+        inner = inner - xhat[:, :, None] * xhat[:, None, :] / count[:, :, None]
+        if centered:
+            inner = inner - (valid[:, :, None] & valid[:, None, :]) / count[:, :, None]
+    if weight2 is None:
+        return rstd[:, :, None] * inner
+    w = as_groups(np.broadcast_to(weight2[None, :, :, None], x4.shape), reduce_batch)
+    return w[:, :, None] * rstd[:, :, None] * inner
+
+
+def channel_jacobians(
+    x: Any,
+    weight: Any,
+    eps: float,
+    *,
+    reduce_batch: bool,
+    mask: Any,
+    stats: tuple[np.ndarray, np.ndarray] | None,
+) -> np.ndarray:
+    """``group_jacobians`` of an (N, C, *) input seen as (N, C, 1, S), weight (C,), mask (N, *spatial)."""
+    x = array_of(x)
+    n, c = x.shape[:2]
+    view = (n, c, 1, x.size // (n * c) if x.size else 0)
+    w = array_of(weight)
+    mask = array_of(mask)
+    return group_jacobians(
+        x.reshape(view),
+        None if w is None else w.reshape(c, 1),
+        eps,
+        reduce_batch=reduce_batch,
+        mask=None if mask is None else mask.reshape(n, -1),
+        stats=stats,
+    )
+
+
+def as_groups(a4: np.ndarray, reduce_batch: bool) -> np.ndarray:
+    """The 4-D view as (groups, m): rows (n, g) per sample, or g per channel with elements (n, k, s)."""
+    n, g, k, s = a4.shape
+    if reduce_batch:
+        return a4.transpose(1, 0, 2, 3).reshape(g, n * k * s)
+    return a4.reshape(n * g, k * s)
+
+
+def _mask4(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return np.broadcast_to(mask.reshape(shape[0], 1, 1, shape[3]), shape)
+
+
+def full_jacobian(blocks: np.ndarray, view: View, reduce_batch: bool) -> np.ndarray:
+    """Assemble the per-group Jacobians into the full (x.size, x.size) Jacobian (zero between groups)."""
+    index = as_groups(np.arange(math.prod(view)).reshape(view), reduce_batch)
+    full = np.zeros((math.prod(view),) * 2, dtype=blocks.dtype)
+    for idx, block in zip(index, blocks):
+        full[np.ix_(idx, idx)] = block
+    return full

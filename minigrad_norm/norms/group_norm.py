@@ -1,0 +1,69 @@
+"""GroupNorm: split the C channels into G groups and normalize each (sample, group).
+
+Forward, for x of shape (N, C, *) with S = prod(spatial) and K = C / G
+channels per group; the group (n, g) is its m = K * S values:
+
+    mu_ng  = mean of x[n, gK:(g+1)K, ...],   var_ng = mean of (x - mu_ng)^2 over the same values
+    y      = (x - mu_ng) / sqrt(var_ng + eps) * gamma_c + beta_c      (gamma, beta per channel)
+
+Saved: x, mu, rstd (one per (n, g)) and gamma.
+
+Backward: LayerNorm's formula over the m values of a group (view (N, G, K, S),
+per-sample statistics), with dxhat = g * gamma_c:
+
+    dL/dx     = rstd_ng * (dxhat - mean_{k,s}(dxhat) - xhat * mean_{k,s}(dxhat * xhat))
+    dL/dgamma = sum over (n, s) of g * xhat,    dL/dbeta = sum over (n, s) of g
+
+GroupNorm spans the two neighbours: G = C is InstanceNorm, G = 1 is
+LayerNorm over (C, *) with a per-channel instead of a per-element affine.
+
+Closed-form Jacobian of one (n, g) (``group_norm_jacobian``):
+
+    J = diag(gamma) * rstd_ng * (I - 1/m * 1 1^T - 1/m * xhat xhat^T)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minigrad_norm.norms._function import Normalize, View, array_of, channel_args, check_count, group_jacobians
+from minigrad_norm.tensor import Tensor
+
+
+def group_view(op: str, shape: tuple[int, ...], num_groups: int) -> View:
+    """(N, G, C/G, S); ``num_groups`` must divide C."""
+    n, c = shape[:2]
+    if num_groups <= 0 or c % num_groups:
+        raise ValueError(
+            f"{op}: num_groups={num_groups} must be positive and divide the number of channels C={c} "
+            f"(input of shape {shape})"
+        )
+    return n, num_groups, c // num_groups, int(np.prod(shape[2:], dtype=np.int64))
+
+
+def group_norm(
+    x: Any,
+    num_groups: int,
+    weight: Tensor | np.ndarray | None = None,
+    bias: Tensor | np.ndarray | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """GroupNorm of an (N, C, *) input (PyTorch's ``F.group_norm``); weight and bias have shape (C,)."""
+    x, weight, bias, eps, _ = channel_args("group_norm", x, weight, bias, eps)
+    view = group_view("group_norm", x.shape, num_groups)
+    # PyTorch refuses the one case where every group is a single value of a single sample (y = bias)
+    check_count("group_norm", np.array([view[0] * view[2] * view[3]]), "value per channel", x.shape, False)
+    return Normalize.apply(x, weight, bias, view=view, eps=eps)
+
+
+def group_norm_jacobian(x: Any, num_groups: int, weight: Any = None, eps: float = 1e-5) -> np.ndarray:
+    """The closed-form Jacobian of each (n, g) of ``group_norm``: shape (N * G, m, m), m = (C / G) * S.
+
+    Elements of a group are ordered (channel, position) in C order.
+    """
+    x = array_of(x)
+    view = group_view("group_norm_jacobian", x.shape, num_groups)
+    w = array_of(weight)
+    return group_jacobians(x.reshape(view), None if w is None else w.reshape(view[1:3]), eps)

@@ -1,0 +1,95 @@
+"""LayerNorm: normalize each sample over its trailing ``normalized_shape`` dims.
+
+Forward, for each row x of D = prod(normalized_shape) values:
+
+    mu   = 1/D * sum_i x_i
+    var  = 1/D * sum_i (x_i - mu)^2          (biased, two-pass)
+    rstd = 1 / sqrt(var + eps)
+    xhat = (x - mu) * rstd
+    y    = xhat * gamma + beta               (gamma, beta of shape normalized_shape)
+
+Saved for the backward: x, mu, rstd (one per row) and gamma; xhat is recomputed.
+
+Backward (docs/derivations.md, "LayerNorm"), with g = dL/dy and dxhat = g * gamma:
+
+    dL/dx     = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))   (means over the row)
+    dL/dgamma = sum over rows of g * xhat
+    dL/dbeta  = sum over rows of g
+
+The view: x (..., *normalized_shape) is (rows, 1, D, 1) for the shared node
+``Normalize`` (one group per row, weight of shape (1, D)). This is the
+reference case the other norms are stated against.
+
+Closed-form Jacobian of one row (``layer_norm_jacobian``):
+
+    J = diag(gamma) * rstd * (I - 1/D * 1 1^T - 1/D * xhat xhat^T)
+
+Without gamma, J is symmetric; its eigenvalues are 0 (along 1),
+rstd * eps / (var + eps) (along xhat) and rstd (D - 2 times).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from minigrad_norm.norms._function import (
+    Normalize,
+    View,
+    array_of,
+    as_float_tensor,
+    check_affine,
+    check_eps,
+    group_jacobians,
+)
+from minigrad_norm.tensor import Tensor
+
+
+def row_view(op: str, x_shape: tuple[int, ...], normalized_shape: int | Sequence[int]) -> tuple[tuple[int, ...], View]:
+    """``normalized_shape`` as a tuple, and the (rows, 1, D, 1) view; the trailing dims must match."""
+    shape = (int(normalized_shape),) if isinstance(normalized_shape, int | np.integer) else tuple(normalized_shape)
+    if not shape or any(d <= 0 for d in shape) or x_shape[len(x_shape) - len(shape) :] != shape:
+        raise ValueError(
+            f"{op}: normalized_shape={shape} must be non-empty and equal the input's trailing dims, "
+            f"but the input has shape {x_shape}"
+        )
+    d = math.prod(shape)
+    return shape, (math.prod(x_shape) // d, 1, d, 1)
+
+
+def layer_norm(
+    x: Any,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | np.ndarray | None = None,
+    bias: Tensor | np.ndarray | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """LayerNorm over the trailing ``normalized_shape`` dims (PyTorch's ``F.layer_norm``).
+
+    ``eps`` must be >= 0; eps = 0 is allowed (PyTorch allows it too) because
+    the exact invariants are stated at eps = 0, but a constant row then gives
+    0/0 = NaN.
+    """
+    x = as_float_tensor("layer_norm", x)
+    eps = check_eps("layer_norm", eps, allow_zero=True)
+    shape, view = row_view("layer_norm", x.shape, normalized_shape)
+    weight = check_affine("layer_norm", "weight", weight, shape, x.shape)
+    bias = check_affine("layer_norm", "bias", bias, shape, x.shape)
+    return Normalize.apply(x, weight, bias, view=view, eps=eps)
+
+
+def layer_norm_jacobian(
+    x: Any, normalized_shape: int | Sequence[int], weight: Any = None, eps: float = 1e-5
+) -> np.ndarray:
+    """The closed-form Jacobian of each row of ``layer_norm``: shape (rows, D, D).
+
+    J[r] = diag(gamma) * rstd_r * (I - 1/D * 1 1^T - 1/D * xhat_r xhat_r^T),
+    rows in C order of the leading dims, elements in C order of normalized_shape.
+    """
+    x = array_of(x)
+    _, view = row_view("layer_norm_jacobian", x.shape, normalized_shape)
+    w = array_of(weight)
+    return group_jacobians(x.reshape(view), None if w is None else w.reshape(1, -1), eps)

@@ -1,0 +1,76 @@
+"""RMSNorm: LayerNorm without centering (Zhang & Sennrich, 2019).
+
+Forward, for each row x of D = prod(normalized_shape) values:
+
+    ms   = 1/D * sum_i x_i^2                 (the mean square; no mean is subtracted)
+    rstd = 1 / sqrt(ms + eps)                (1 / rms(x))
+    xhat = x * rstd
+    y    = xhat * gamma
+
+Saved: x, rstd (one per row; the saved "mean" is 0) and gamma.
+
+Backward: as LayerNorm's with the mean(dxhat) term gone, because no mean was
+subtracted (d mu / dx = 0), with dxhat = g * gamma:
+
+    dL/dx     = rstd * (dxhat - xhat * mean(dxhat * xhat))
+    dL/dgamma = sum over rows of g * xhat
+
+The view is LayerNorm's, (rows, 1, D, 1), with ``centered=False``.
+
+Closed-form Jacobian of one row (``rms_norm_jacobian``):
+
+    J = diag(gamma) * rstd * (I - 1/D * xhat xhat^T)
+
+Without gamma and with eps = 0, |xhat|^2 = D, so J is rstd times the
+projection onto the complement of x: eigenvalues 0 (along x) and rstd
+(D - 1 times), spectral norm 1 / rms(x). With eps > 0 the eigenvalue along x
+is rstd * eps / (ms + eps) and the spectral norm is still rstd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from minigrad_norm.norms._function import Normalize, array_of, as_float_tensor, check_affine, check_eps, group_jacobians
+from minigrad_norm.norms.layer_norm import row_view
+from minigrad_norm.tensor import Tensor
+
+
+def _default_eps(eps: float | None, dtype: np.dtype) -> float:
+    """PyTorch's default: eps=None means the machine epsilon of the input's dtype."""
+    return float(np.finfo(dtype).eps) if eps is None else eps
+
+
+def rms_norm(
+    x: Any,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | np.ndarray | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    """RMSNorm over the trailing ``normalized_shape`` dims (PyTorch's ``F.rms_norm``).
+
+    ``eps=None`` means ``np.finfo(x.dtype).eps``; an explicit eps must be >= 0
+    (0 is the exact, scale-invariant case used by the invariants).
+    """
+    x = as_float_tensor("rms_norm", x)
+    eps = check_eps("rms_norm", _default_eps(eps, x.dtype), allow_zero=True)
+    shape, view = row_view("rms_norm", x.shape, normalized_shape)
+    weight = check_affine("rms_norm", "weight", weight, shape, x.shape)
+    return Normalize.apply(x, weight, None, view=view, eps=eps, centered=False)
+
+
+def rms_norm_jacobian(
+    x: Any, normalized_shape: int | Sequence[int], weight: Any = None, eps: float | None = None
+) -> np.ndarray:
+    """The closed-form Jacobian of each row of ``rms_norm``: shape (rows, D, D).
+
+    J[r] = diag(gamma) * rstd_r * (I - 1/D * xhat_r xhat_r^T), rstd = 1/sqrt(mean(x^2) + eps).
+    """
+    x = array_of(x)
+    _, view = row_view("rms_norm_jacobian", x.shape, normalized_shape)
+    w = array_of(weight)
+    eps = _default_eps(eps, x.dtype)
+    return group_jacobians(x.reshape(view), None if w is None else w.reshape(1, -1), eps, centered=False)

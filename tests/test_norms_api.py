@@ -1,0 +1,263 @@
+"""The norms' API: bad input, modules and their buffers, masked statistics against NumPy.
+
+Expected values are computed here with plain NumPy on the valid positions
+(np.var with ddof), independently of the package's kernels.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import minigrad_norm.functional as F
+from minigrad_norm import nn
+from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
+from minigrad_norm.tensor import Tensor
+from minigrad_norm.testing import channel_shapes, masks
+
+X = np.zeros((2, 3, 4))
+
+
+# -- bad input -------------------------------------------------------------------------------------------
+BAD = [
+    (lambda: layer_norm(X, 4, eps=-1e-5), ValueError, ["layer_norm", "eps", "-1e-05"]),
+    (lambda: batch_norm(X, None, None, training=True, eps=0.0), ValueError, ["batch_norm", "eps", "> 0"]),
+    (lambda: instance_norm(X, eps=0), ValueError, ["instance_norm", "eps"]),
+    (lambda: group_norm(X, 3, eps=-1.0), ValueError, ["group_norm", "eps"]),
+    (lambda: rms_norm(X, 4, eps=float("nan")), ValueError, ["rms_norm", "eps"]),
+    (lambda: layer_norm(X, (3,)), ValueError, ["layer_norm", "normalized_shape=(3,)", "(2, 3, 4)"]),
+    (lambda: layer_norm(X, (2, 4)), ValueError, ["layer_norm", "normalized_shape=(2, 4)", "(2, 3, 4)"]),
+    (lambda: rms_norm(X, 5), ValueError, ["rms_norm", "normalized_shape=(5,)", "(2, 3, 4)"]),
+    (lambda: layer_norm(X, 4, np.ones(3)), ValueError, ["layer_norm", "weight", "(4,)", "(3,)", "(2, 3, 4)"]),
+    (lambda: layer_norm(X, 4, None, np.ones((1, 4))), ValueError, ["layer_norm", "bias", "(4,)", "(1, 4)"]),
+    (
+        lambda: batch_norm(X, None, None, np.ones(4), training=True),
+        ValueError,
+        ["batch_norm", "weight", "(3,)", "(4,)"],
+    ),
+    (lambda: group_norm(X, 2, None, np.ones(2)), ValueError, ["group_norm", "bias", "(3,)", "(2,)"]),
+    (lambda: group_norm(X, 2), ValueError, ["group_norm", "num_groups=2", "C=3", "(2, 3, 4)"]),
+    (lambda: group_norm(X, 0), ValueError, ["group_norm", "num_groups=0"]),
+    (lambda: batch_norm(np.zeros(5), None, None, training=True), ValueError, ["batch_norm", "(5,)", "2 dims"]),
+    (lambda: instance_norm(np.zeros(5)), ValueError, ["instance_norm", "(5,)"]),
+    (lambda: layer_norm(np.zeros((2, 4), dtype=np.int64), 4), TypeError, ["layer_norm", "int64", "(2, 4)"]),
+    (lambda: batch_norm(np.zeros((2, 3), dtype=np.int32), None, None), TypeError, ["batch_norm", "int32"]),
+    (lambda: group_norm(np.zeros((2, 2), dtype=bool), 1), TypeError, ["group_norm", "bool"]),
+    (lambda: batch_norm(X, None, None, training=False), ValueError, ["batch_norm", "running_mean", "training=False"]),
+    (
+        lambda: instance_norm(X, use_input_stats=False),
+        ValueError,
+        ["instance_norm", "running_var", "use_input_stats=False"],
+    ),
+    (lambda: batch_norm(X, np.zeros(4), np.ones(3)), ValueError, ["batch_norm", "running_mean", "(3,)", "(4,)"]),
+    (lambda: batch_norm(X, [0.0, 0, 0], np.ones(3)), TypeError, ["batch_norm", "running_mean", "ndarray"]),
+    (
+        lambda: batch_norm(X, np.zeros(3), np.ones(3), training=True, momentum=None),
+        TypeError,
+        ["batch_norm", "momentum=None"],
+    ),
+    (
+        lambda: batch_norm(X, None, None, mask=np.ones((2, 3), bool)),
+        ValueError,
+        ["batch_norm", "mask", "(2, 4)", "(2, 3)"],
+    ),
+    (lambda: instance_norm(X, mask=np.ones((2, 4))), TypeError, ["instance_norm", "mask", "float64"]),
+    (lambda: nn.BatchNorm1d(3)(np.zeros((2, 3, 4, 5), np.float32)), ValueError, ["BatchNorm1d", "2D or 3D", "4D"]),
+    (lambda: nn.BatchNorm2d(3)(np.zeros((2, 3, 4), np.float32)), ValueError, ["BatchNorm2d", "4D", "3D"]),
+    (lambda: nn.InstanceNorm1d(3, affine=True)(np.zeros((2, 4, 5))), ValueError, ["InstanceNorm1d", "num_features"]),
+    (lambda: nn.GroupNorm(2, 3), ValueError, ["GroupNorm", "num_channels=3", "num_groups=2"]),
+    (lambda: nn.LayerNorm(4, eps=0), ValueError, ["LayerNorm", "eps"]),
+    (lambda: nn.LayerNorm(4)(np.zeros((2, 5), np.float32)), ValueError, ["layer_norm", "(4,)", "(2, 5)"]),
+]
+
+
+@pytest.mark.parametrize("call, error, fragments", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_input_raises_a_clear_error(call, error, fragments) -> None:
+    with pytest.raises(error) as info:
+        call()
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} missing from {message!r}"
+
+
+def test_eps_zero_is_allowed_in_layer_norm_and_rms_norm_only() -> None:
+    x = np.arange(8.0).reshape(2, 4)
+    assert np.isfinite(layer_norm(x, 4, eps=0.0).data).all()
+    assert np.isfinite(rms_norm(x + 1, 4, eps=0.0).data).all()
+
+
+def test_functionals_are_exported_with_pytorch_names_and_defaults() -> None:
+    import inspect
+
+    assert F.layer_norm is layer_norm and F.batch_norm is batch_norm and F.group_norm is group_norm
+    params = inspect.signature(F.batch_norm).parameters
+    assert list(params)[:8] == ["x", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
+    assert params["training"].default is False and params["momentum"].default == 0.1 and params["eps"].default == 1e-5
+    assert inspect.signature(F.rms_norm).parameters["eps"].default is None
+    assert inspect.signature(F.instance_norm).parameters["use_input_stats"].default is True
+
+
+# -- modules -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_modules_have_pytorch_parameters_and_buffers(dtype) -> None:
+    bn = nn.BatchNorm2d(3, dtype=dtype)
+    assert [n for n, _ in bn.named_parameters()] == ["weight", "bias"]
+    assert sorted(bn.state_dict()) == ["bias", "num_batches_tracked", "running_mean", "running_var", "weight"]
+    assert bn.weight.dtype == bn.running_var.dtype == dtype and bn.num_batches_tracked.dtype == np.int64
+    assert np.array_equal(bn.weight.data, np.ones(3)) and np.array_equal(bn.running_var, np.ones(3))
+    inorm = nn.InstanceNorm1d(3, dtype=dtype)
+    assert inorm.parameters() == [] and inorm.state_dict() == {}
+    assert sorted(nn.InstanceNorm2d(3, affine=True, track_running_stats=True).state_dict()) == sorted(bn.state_dict())
+    assert [n for n, _ in nn.LayerNorm((2, 3), bias=False, dtype=dtype).named_parameters()] == ["weight"]
+    assert nn.LayerNorm(3, elementwise_affine=False).parameters() == []
+    assert nn.RMSNorm(3, dtype=dtype).weight.dtype == dtype
+    assert [p.shape for p in nn.GroupNorm(2, 4).parameters()] == [(4,), (4,)]
+
+
+def test_batch_norm_module_updates_running_buffers_with_unbiased_variance(rng) -> None:
+    bn = nn.BatchNorm1d(3, momentum=0.3, dtype=np.float64)
+    x = rng.standard_normal((5, 3, 4)) * 2 + 1
+    y = bn(x)
+    mean = x.mean(axis=(0, 2))
+    np.testing.assert_allclose(bn.running_mean, 0.3 * mean, rtol=1e-12)
+    np.testing.assert_allclose(bn.running_var, 0.7 + 0.3 * x.var(axis=(0, 2), ddof=1), rtol=1e-12)
+    # while the output is normalized with the biased variance
+    expected = (x - mean[:, None]) / np.sqrt(x.var(axis=(0, 2))[:, None] + 1e-5)
+    np.testing.assert_allclose(y.data, expected, atol=1e-12)
+    assert bn.num_batches_tracked == 1
+    # eval: the buffers normalize, and are left alone
+    bn.eval()
+    before = bn.state_dict()
+    x2 = rng.standard_normal((2, 3, 4))
+    expected = (x2 - bn.running_mean[:, None]) / np.sqrt(bn.running_var[:, None] + 1e-5)
+    np.testing.assert_allclose(bn(x2).data, expected, atol=1e-12)
+    for k, v in bn.state_dict().items():
+        assert np.array_equal(v, before[k])
+
+
+def test_batch_norm_momentum_none_is_the_cumulative_average(rng) -> None:
+    bn = nn.BatchNorm2d(2, momentum=None, dtype=np.float64)
+    batches = [rng.standard_normal((3, 2, 2, 2)) + k for k in range(4)]
+    for x in batches:
+        bn(x)
+    np.testing.assert_allclose(bn.running_mean, np.mean([x.mean(axis=(0, 2, 3)) for x in batches], axis=0))
+    np.testing.assert_allclose(bn.running_var, np.mean([x.var(axis=(0, 2, 3), ddof=1) for x in batches], axis=0))
+    assert bn.num_batches_tracked == 4
+
+
+def test_refused_batch_leaves_module_state_alone() -> None:
+    bn = nn.BatchNorm1d(3, momentum=None)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        bn(np.zeros((1, 3), np.float32))
+    assert bn.num_batches_tracked == 0 and np.array_equal(bn.running_mean, np.zeros(3))
+
+
+def test_untracked_batch_norm_uses_batch_statistics_in_eval(rng) -> None:
+    bn = nn.BatchNorm1d(3, track_running_stats=False, affine=False, dtype=np.float64).eval()
+    x = rng.standard_normal((4, 3))
+    np.testing.assert_allclose(bn(x).data, (x - x.mean(0)) / np.sqrt(x.var(0) + 1e-5), atol=1e-12)
+    assert bn.running_mean is None and bn.state_dict() == {}
+
+
+def test_instance_norm_running_buffers_average_the_instances(rng) -> None:
+    inorm = nn.InstanceNorm1d(2, momentum=0.5, track_running_stats=True, dtype=np.float64)
+    x = rng.standard_normal((3, 2, 5))
+    inorm(x)
+    np.testing.assert_allclose(inorm.running_mean, 0.5 * x.mean(axis=2).mean(axis=0))
+    np.testing.assert_allclose(inorm.running_var, 0.5 + 0.5 * x.var(axis=2, ddof=1).mean(axis=0))
+    inorm.eval()  # tracked + eval: the running statistics normalize
+    expected = (x - inorm.running_mean[:, None]) / np.sqrt(inorm.running_var[:, None] + 1e-5)
+    np.testing.assert_allclose(inorm(x).data, expected, atol=1e-12)
+
+
+def test_instance_norm_unbatched_input_is_a_batch_of_one(rng) -> None:
+    x = rng.standard_normal((2, 3, 4))
+    y = nn.InstanceNorm2d(2, dtype=np.float64)(x)
+    assert y.shape == (2, 3, 4)
+    np.testing.assert_allclose(y.data, instance_norm(x[None]).data[0])
+
+
+def test_state_dict_round_trip(rng) -> None:
+    a = nn.BatchNorm1d(3, dtype=np.float64)
+    a(rng.standard_normal((4, 3)))
+    b = nn.BatchNorm1d(3, dtype=np.float64)
+    b.load_state_dict(a.state_dict())
+    for k, v in a.state_dict().items():
+        assert np.array_equal(b.state_dict()[k], v)
+
+
+# -- masked statistics ---------------------------------------------------------------------------------------
+@given(shape=channel_shapes(min_spatial=2, max_side=4), data=st.data(), affine=st.booleans())
+def test_masked_batch_norm_matches_numpy_on_the_valid_positions(shape, data, affine) -> None:
+    n, c = shape[:2]
+    mask = data.draw(masks((n, *shape[2:])))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = rng.standard_normal(shape)
+    w, b = (rng.standard_normal(c), rng.standard_normal(c)) if affine else (None, None)
+    rm, rv = np.zeros(c), np.ones(c)
+    xt = Tensor(x, requires_grad=True)
+    y = batch_norm(xt, rm, rv, w, b, training=True, momentum=0.25, mask=mask)
+    m = np.broadcast_to(mask[:, None], shape)
+    for ch in range(c):
+        valid = x[:, ch][mask]
+        expected = (valid - valid.mean()) / np.sqrt(valid.var() + 1e-5)
+        if affine:
+            expected = expected * w[ch] + b[ch]
+        np.testing.assert_allclose(y.data[:, ch][mask], expected, atol=1e-12)
+        assert rm[ch] == pytest.approx(0.25 * valid.mean(), abs=1e-14)
+        assert rv[ch] == pytest.approx(0.75 + 0.25 * valid.var(ddof=1), rel=1e-12)
+    assert np.all(y.data[~m] == 0)
+    y.backward(rng.standard_normal(shape))
+    assert np.all(xt.grad[~m] == 0)
+    # masked-out values do not reach the output
+    x2 = np.where(m, x, 1e3)
+    np.testing.assert_allclose(batch_norm(x2, None, None, w, b, training=True, mask=mask).data, y.data, atol=1e-12)
+
+
+@given(shape=channel_shapes(min_spatial=2, max_side=4), data=st.data())
+def test_masked_instance_norm_matches_numpy_on_the_valid_positions(shape, data) -> None:
+    n, c = shape[:2]
+    mask = data.draw(masks((n, *shape[2:])))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = rng.standard_normal(shape)
+    rm, rv = np.zeros(c), np.ones(c)
+    xt = Tensor(x, requires_grad=True)
+    y = instance_norm(xt, rm, rv, momentum=1.0, mask=mask)
+    means, variances = np.zeros((n, c)), np.zeros((n, c))
+    for i in range(n):
+        for ch in range(c):
+            valid = x[i, ch][mask[i]]
+            expected = (valid - valid.mean()) / np.sqrt(valid.var() + 1e-5)
+            np.testing.assert_allclose(y.data[i, ch][mask[i]], expected, atol=1e-12)
+            means[i, ch], variances[i, ch] = valid.mean(), valid.var(ddof=1)
+            assert np.all(y.data[i, ch][~mask[i]] == 0)
+    np.testing.assert_allclose(rm, means.mean(axis=0), atol=1e-14)
+    np.testing.assert_allclose(rv, variances.mean(axis=0), rtol=1e-12)
+    y.backward(rng.standard_normal(shape))
+    assert np.all(xt.grad[~np.broadcast_to(mask[:, None], shape)] == 0)
+
+
+def test_error_messages_name_the_shapes_in_pytorch_style() -> None:
+    with pytest.raises(ValueError, match=re.escape("got input size (1, 3)")):
+        batch_norm(np.zeros((1, 3)), None, None, training=True)
+
+
+def test_backward_uses_the_statistics_of_its_forward_even_if_the_buffers_change(rng) -> None:
+    x = rng.standard_normal((4, 2, 3))
+    rm, rv = rng.standard_normal(2), rng.uniform(0.5, 2, 2)
+    g = rng.standard_normal(x.shape)
+    grads = []
+    for mutate in (False, True):
+        xt, wt = Tensor(x, requires_grad=True), Tensor(np.ones(2), requires_grad=True)
+        buffers = rm.copy(), rv.copy()
+        y = batch_norm(xt, *buffers, wt, training=False)
+        if mutate:  # e.g. a training step of the same module between this forward and its backward
+            batch_norm(x * 3, *buffers, training=True, momentum=1.0)
+        y.backward(g)
+        grads.append((xt.grad, wt.grad))
+    for a, b in zip(*grads):
+        np.testing.assert_array_equal(a, b)
