@@ -5,11 +5,28 @@ environment variable ``MINIGRAD_NORM_BACKEND``. Both backends implement the
 same functions with the same signatures (see ``minigrad_norm.kernels``);
 everything calls them through ``kernels_for``, the one dispatch point.
 Complex arrays (the complex-step method) always take the NumPy reference.
+
+Precedence: ``use_backend`` (per thread / async context), then ``set_backend``
+(process-wide), then the environment variable, then ``"numba"``. The numba
+kernels are imported on first use, so ``import minigrad_norm`` neither imports
+numba nor compiles anything; when numba cannot be imported the NumPy backend
+runs instead and a warning says so once.
+
+Importing this module sets ``OMP_WAIT_POLICY=PASSIVE`` unless the user has set it.
+numba's parallel kernels run on an OpenMP pool whose idle threads, by default,
+spin for milliseconds before sleeping. On a machine whose cores are shared (2
+cores here, with PyTorch's own OpenMP pool or another process beside us) a
+spinning thread holds the core another thread needs, and a parallel region of
+1 ms then takes 4 or 8 ms: whole scheduler ticks. Passive waiting costs a few
+microseconds per region instead. OpenMP reads the variable when its runtime
+loads, so it is set here, at ``import minigrad_norm``, before numba's pool (or
+a later-imported PyTorch) starts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import os
 import warnings
@@ -18,10 +35,13 @@ from types import ModuleType
 
 import numpy as np
 
-from minigrad_norm.kernels import reference
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from minigrad_norm.kernels import reference  # noqa: E402
 
 BACKENDS = ("numba", "numpy")
-_active: str | None = None
+_active: str | None = None  # set_backend
+_scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar("minigrad_norm_backend", default=None)
 _numba_module: ModuleType | None = None
 
 
@@ -37,18 +57,21 @@ def _load_numba() -> ModuleType | None:
     return None if _numba_module is reference else _numba_module
 
 
-def set_backend(name: str) -> None:
+def _check(op: str, name: str) -> str:
     if name not in BACKENDS:
-        raise ValueError(f"set_backend: unknown backend {name!r}; choose one of {BACKENDS}")
+        raise ValueError(f"{op}: unknown backend {name!r}; choose one of {BACKENDS}")
+    return name
+
+
+def set_backend(name: str) -> None:
+    """Choose the backend for the whole process: ``"numba"`` or ``"numpy"``."""
     global _active
-    _active = name
+    _active = _check("set_backend", name)
 
 
 def get_backend() -> str:
     """The backend in force: numba unless set otherwise or numba is unavailable."""
-    name = _active or os.environ.get("MINIGRAD_NORM_BACKEND", "numba")
-    if name not in BACKENDS:
-        raise ValueError(f"MINIGRAD_NORM_BACKEND={name!r} is not one of {BACKENDS}")
+    name = _scoped.get() or _active or _check("MINIGRAD_NORM_BACKEND", os.environ.get("MINIGRAD_NORM_BACKEND", "numba"))
     if name == "numba" and _load_numba() is None:
         return "numpy"
     return name
@@ -56,13 +79,12 @@ def get_backend() -> str:
 
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
-    global _active
-    previous = _active
-    set_backend(name)
+    """``with use_backend("numpy"): ...`` runs the block on that backend (this thread only)."""
+    token = _scoped.set(_check("use_backend", name))
     try:
         yield
     finally:
-        _active = previous
+        _scoped.reset(token)
 
 
 def kernels_for(*arrays: np.ndarray) -> ModuleType:

@@ -1,3 +1,530 @@
-"""numba kernels (placeholder until the kernels land: re-exports the reference)."""
+"""numba kernels: the reference's functions, with the same signatures, as jitted loops.
 
-from minigrad_norm.kernels.reference import erf, norm_backward, norm_forward  # noqa: F401
+The formula is the reference's (``minigrad_norm.kernels.reference``, read its
+docstring first): every norm is a 4-D view ``x`` of shape (N, G, K, S), with
+statistics per (n, g) block of L = K*S contiguous values, or per channel g over
+all N blocks when ``reduce_batch``. Here that view is walked as (N, G, L):
+
+forward, for each group (a block, or the N blocks of a channel):
+    pass 1  mean = sum(x) / m                    (0 when not centered)
+    pass 2  var  = sum((x - mean)^2) / m         (two passes: no E[x^2] - E[x]^2)
+    pass 3  y    = (x - mean) * rstd * w + b     (the reference's operation order)
+backward, for each group:
+    pass 1  A = sum(dy * w),  B = sum(dy * w * xhat)   (and, per (g, k), sum(dy), sum(dy * xhat))
+    pass 2  dx = ((dxhat - xhat * B/m) - A/m) * rstd
+Passes 2 and 3 re-read a group that has just been read, from L1/L2 (a LayerNorm row,
+an InstanceNorm/GroupNorm block, a BatchNorm channel of N*S values), so DRAM sees x
+(and dy) read once and y (dx) written once: the minimal traffic.
+
+Design points, each one tested in ``tests/test_kernels.py``:
+
+* Statistics accumulate in float64 for float32 and float64 data, like the reference.
+  The elementwise passes use the reference's exact operation order, so y equals the
+  reference up to the rounding of mean/var (different summation order).
+* Only the reduction helpers (``@_helper``: one pass over one contiguous run, returning
+  sums) carry a fastmath flag, ``reassoc``, which lets LLVM vectorize a sum by splitting
+  it into lanes. Reordering a sum cannot turn NaN or +-inf into a finite number (a NaN,
+  or inf with -inf, gives NaN in any order); no other flag (``nnan``, ``ninf``, ``nsz``,
+  ``contract``...) is used anywhere, and no fused multiply-add, so NaN/inf propagate as
+  in the reference (tested with NaN/inf in x, dy and the weight). ``error_model="numpy"``: 0/0 gives NaN (an
+  all-masked group), not ZeroDivisionError.
+* Parallel over groups with ``prange``. The dweight/dbias sums over (n, s) go
+  through per-chunk float64 partial buffers ``(n_chunks, G, K)``, summed at the end in
+  chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so
+  the result is bit-identical on 1 or many threads.
+* Every kernel is compiled twice from one Python function: ``parallel=True`` for big
+  inputs, serial for small ones (a parallel region costs a few microseconds). Both
+  run the same loops, so they give the same bits.
+* ``cache=True`` and compiled on first call: importing this module compiles nothing.
+* Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
+  place when they are C-contiguous and of x's dtype (else via one copy).
+* ``minigrad_norm.backend`` sets ``OMP_WAIT_POLICY=PASSIVE`` (see there for why).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Callable
+
+import numba
+import numpy as np
+from numba import prange
+
+from minigrad_norm.kernels import reference
+
+# Below this many elements the serial compile runs: the parallel launch costs more than it saves.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+# dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks.
+_MIN_TERMS_PER_CHUNK = 16
+_TARGET_ITEMS = 64
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+_sum_flags = {"reassoc"}
+_helper = numba.njit(cache=True, error_model="numpy", fastmath=_sum_flags, inline="never")
+
+
+# ---------------------------------------------------------------------------
+# reductions over one contiguous run (the only code with a fastmath flag)
+
+
+@_helper
+def _sum(v):
+    s = 0.0
+    for i in range(v.shape[0]):
+        s += v[i]
+    return s
+
+
+@_helper
+def _sum_sq_dev(v, mu):
+    s = 0.0
+    for i in range(v.shape[0]):
+        d = v[i] - mu
+        s += d * d
+    return s
+
+
+@_helper
+def _count(m):
+    c = 0.0
+    for i in range(m.shape[0]):
+        c += 1.0 if m[i] else 0.0
+    return c
+
+
+@_helper
+def _masked_sum(v, m):
+    s = 0.0
+    for i in range(v.shape[0]):
+        if m[i]:
+            s += v[i]
+    return s
+
+
+@_helper
+def _masked_sum_sq_dev(v, m, mu):
+    s = 0.0
+    for i in range(v.shape[0]):
+        if m[i]:
+            d = v[i] - mu
+            s += d * d
+    return s
+
+
+@_helper
+def _row_sums(dy, x, w, mu, r, pdw, pdb):
+    """A LayerNorm row (S == 1, no mask): returns sum(dxhat) and sum(dxhat * xhat), dxhat = dy * w,
+    and adds dy * xhat and dy into the dweight/dbias partial rows pdw, pdb (one pass over the row)."""
+    a = 0.0
+    b = 0.0
+    for i in range(dy.shape[0]):
+        xh = (x[i] - mu) * r
+        dxh = dy[i] * w[i]
+        a += dxh
+        b += dxh * xh
+        pdw[i] += dy[i] * xh
+        pdb[i] += dy[i]
+    return a, b
+
+
+@_helper
+def _dy_sums(dy, x, m, has_mask, wk, mu, r):
+    """Over a run of S values sharing the weight wk: sum(dy) and sum(dy * xhat) for dbias/dweight,
+    sum(dxhat) and sum(dxhat * xhat) for dx (dxhat = dy * wk), like the reference: dy is 0 where
+    masked out, but dweight still adds 0 * xhat there (as the reference does)."""
+    a = 0.0
+    b = 0.0
+    wa = 0.0
+    wb = 0.0
+    for i in range(dy.shape[0]):
+        xh = (x[i] - mu) * r
+        dyv = dy[i] if not has_mask or m[i] else 0.0
+        dxh = dyv * wk
+        a += dyv
+        b += dyv * xh
+        wa += dxh
+        wb += dxh * xh
+    return a, b, wa, wb
+
+
+# ---------------------------------------------------------------------------
+# per-group pieces (plain flags: exact IEEE semantics)
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _group_count(mask2, has_mask, n0, n1, K, S):
+    """How many valid values the group over blocks n0..n1 has: K * S per block, or K * (valid s)."""
+    count = 0.0
+    for n in range(n0, n1):
+        count += K * (_count(mask2[n]) if has_mask else S)
+    return count
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, mu, square):
+    """sum(x) (or, with ``square``, sum((x - mu)^2)) over the valid values of x3[n0:n1, g]."""
+    total = 0.0
+    for n in range(n0, n1):
+        xb = x3[n, g]
+        if not has_mask:
+            total += _sum_sq_dev(xb, mu) if square else _sum(xb)
+            continue
+        for k in range(K):
+            xs = xb[k * S : (k + 1) * S]
+            total += _masked_sum_sq_dev(xs, mask2[n], mu) if square else _masked_sum(xs, mask2[n])
+    return total
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _group_stats(x3, mask2, has_mask, centered, n0, n1, g, K, S):
+    """(mean, var) of x3[n0:n1, g] over the valid values, in two passes."""
+    count = _group_count(mask2, has_mask, n0, n1, K, S)
+    mu = _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, 0.0, False) / count if centered else 0.0
+    return mu, _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, mu, True) / count
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
+    """y = (x - mean) * rstd * w + b on one (n, g) block; 0 where masked out."""
+    if S == 1:
+        if has_b:
+            for k in range(K):
+                yb[k] = (xb[k] - mu) * r * w[k] + b[k]
+        else:
+            for k in range(K):
+                yb[k] = (xb[k] - mu) * r * w[k]
+    else:
+        for k in range(K):
+            xs = xb[k * S : (k + 1) * S]
+            ys = yb[k * S : (k + 1) * S]
+            wk = w[k]
+            if has_b:
+                bk = b[k]
+                for s in range(S):
+                    ys[s] = (xs[s] - mu) * r * wk + bk
+            else:
+                for s in range(S):
+                    ys[s] = (xs[s] - mu) * r * wk
+    if has_mask:
+        for k in range(K):
+            ys = yb[k * S : (k + 1) * S]
+            for s in range(S):
+                if not mrow[s]:
+                    ys[s] = 0.0
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb, fast_row):
+    """A = sum(dxhat), B = sum(dxhat * xhat) over x3[n0:n1, g] (valid positions), adding
+    sum(dy * xhat) and sum(dy) per k into the partial buffers pdw, pdb."""
+    A = 0.0
+    B = 0.0
+    for n in range(n0, n1):
+        xb = x3[n, g]
+        dyb = dy3[n, g]
+        if fast_row:
+            a, b = _row_sums(dyb, xb, w, mu, r, pdw, pdb)
+            A += a
+            B += b
+        else:
+            for k in range(K):
+                a, b, wa, wb = _dy_sums(
+                    dyb[k * S : (k + 1) * S], xb[k * S : (k + 1) * S], mask2[n], has_mask, w[k], mu, r
+                )
+                A += wa
+                B += wb
+                pdw[k] += b
+                pdb[k] += a
+    return A, B
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S, fast_row):
+    """dx = ((dxhat - xhat * proj) - mdx) * rstd  (or dxhat * rstd with fixed statistics) on one block."""
+    if fast_row:
+        if fixed:
+            for k in range(K):
+                dxb[k] = dyb[k] * w[k] * r
+        else:
+            for k in range(K):
+                dxb[k] = ((dyb[k] * w[k] - (xb[k] - mu) * r * proj) - mdx) * r
+        return
+    for k in range(K):
+        xs = xb[k * S : (k + 1) * S]
+        dys = dyb[k * S : (k + 1) * S]
+        dxs = dxb[k * S : (k + 1) * S]
+        wk = w[k]
+        if fixed:
+            for s in range(S):
+                dxs[s] = dys[s] * wk * r
+        else:
+            for s in range(S):
+                xh = (xs[s] - mu) * r
+                dxs[s] = ((dys[s] * wk - xh * proj) - mdx) * r
+        if has_mask:
+            for s in range(S):
+                if not mrow[s]:
+                    dxs[s] = 0.0
+
+
+# ---------------------------------------------------------------------------
+# the two kernels (each compiled serial and parallel, see _compile)
+
+
+def _forward_kernel(
+    x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S
+):
+    N, G, _ = x3.shape
+    if reduce_batch:
+        for g in prange(G):
+            if not stats_given:
+                mu, var = _group_stats(x3, mask2, has_mask, centered, 0, N, g, K, S)
+                mean2[0, g] = mu
+                var2[0, g] = var
+            mu = mean2[0, g]
+            r = 1.0 / math.sqrt(var2[0, g] + eps)
+            for n in range(N):
+                _normalize_block(x3[n, g], y3[n, g], w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
+    else:
+        for i in prange(N * G):
+            n = i // G
+            g = i % G
+            if not stats_given:
+                mu, var = _group_stats(x3, mask2, has_mask, centered, n, n + 1, g, K, S)
+                mean2[n, g] = mu
+                var2[n, g] = var
+            mu = mean2[n, g]
+            r = 1.0 / math.sqrt(var2[n, g] + eps)
+            _normalize_block(x3[n, g], y3[n, g], w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
+
+
+def _backward_kernel(dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, pdw, pdb, K, S):
+    N, G, _ = x3.shape
+    n_chunks = pdw.shape[0]
+    rows = (N + n_chunks - 1) // n_chunks
+    fast_row = S == 1 and not has_mask
+    for i in prange(n_chunks * G):
+        c = i // G
+        g = i % G
+        pw = pdw[c, g]
+        pb = pdb[c, g]
+        pw[:] = 0.0
+        pb[:] = 0.0
+        wg = w2[g]
+        # reduce_batch: one chunk, one group of N blocks; per sample: one group per block
+        groups = 1 if reduce_batch else min(N, (c + 1) * rows) - c * rows
+        for j in range(groups):
+            n0 = 0 if reduce_batch else c * rows + j
+            n1 = N if reduce_batch else n0 + 1
+            mu = mean2[0 if reduce_batch else n0, g] if use_mean else 0.0
+            r = rstd2[0 if reduce_batch else n0, g]
+            proj = 0.0
+            mdx = 0.0
+            if not fixed:
+                A, B = _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, fast_row)
+                count = _group_count(mask2, has_mask, n0, n1, K, S)
+                proj = B / count
+                mdx = A / count if use_mean else 0.0
+            else:  # only the dweight/dbias sums
+                _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, fast_row)
+            for n in range(n0, n1):
+                _dx_block(
+                    dy3[n, g], x3[n, g], dx3[n, g], wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, fast_row
+                )
+
+
+def _erf_kernel(x, y):
+    for i in prange(x.shape[0]):
+        y[i] = math.erf(float(x[i]))  # in float64, then rounded, like the reference
+
+
+def _compile(py_func: Callable, parallel: bool) -> Callable:
+    """``py_func`` jitted; the serial and parallel versions get distinct names, because numba's
+    cache keys an entry by the function's name and bytecode, not by its compile flags."""
+    name = f"{py_func.__name__}_{'parallel' if parallel else 'serial'}"
+    clone = types.FunctionType(py_func.__code__, py_func.__globals__, name, py_func.__defaults__, py_func.__closure__)
+    clone.__qualname__ = name
+    return numba.njit(parallel=parallel, cache=True, error_model="numpy")(clone)
+
+
+_KERNELS = {
+    name: (_compile(f, False), _compile(f, True))
+    for name, f in (("forward", _forward_kernel), ("backward", _backward_kernel), ("erf", _erf_kernel))
+}
+
+
+def _kernel(name: str, size: int) -> Callable:
+    return _KERNELS[name][size >= PARALLEL_MIN_ELEMENTS]
+
+
+# ---------------------------------------------------------------------------
+# the public functions: the reference's signatures and return conventions
+
+
+def _checked(op: str, name: str, a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` if it has ``shape``; the kernels index without bounds checks, so a wrong shape must not reach them."""
+    if np.shape(a) != shape:
+        raise ValueError(f"{op}: {name} has shape {np.shape(a)}, expected {shape}")
+    return a
+
+
+def _affine2(op: str, name: str, a: np.ndarray | None, G: int, K: int, fill: float, dtype: np.dtype) -> np.ndarray:
+    """weight or bias as a contiguous (G, K) array: in the data's dtype when that holds it exactly (half
+    the cache footprint of float64 for float32 data: it stays in L1 beside the streamed rows), else float64.
+    Either way the kernels widen it to float64 exactly, as the reference does."""
+    if a is None:
+        return np.full((G, K), fill, dtype=dtype)
+    _checked(op, name, a, (G, K))
+    return np.ascontiguousarray(a, dtype=dtype if np.can_cast(a.dtype, dtype, "safe") else np.float64)
+
+
+def _mask2(op: str, mask: np.ndarray | None, N: int, S: int) -> np.ndarray:
+    # no mask: an (N, 0) stand-in, so that mask2[n] is still a valid (empty) row
+    if mask is None:
+        return np.empty((N, 0), dtype=np.bool_)
+    return np.ascontiguousarray(_checked(op, "mask", mask, (N, S)), dtype=np.bool_)
+
+
+def _stat2(op: str, name: str, stat: np.ndarray, reduce_batch: bool, N: int, G: int) -> np.ndarray:
+    """A statistic of shape (G,) (``reduce_batch``) or (N, G), as a float64 (1, G) or (N, G) array."""
+    s = np.ascontiguousarray(_checked(op, name, stat, (G,) if reduce_batch else (N, G)), dtype=np.float64)
+    return s.reshape(-1, G)
+
+
+def _out_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, op: str) -> np.ndarray:
+    """Where the kernel writes: ``out`` itself when it can, else a fresh C-contiguous array."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if out.shape != shape:
+        raise ValueError(f"{op}: out has shape {out.shape}, expected {shape}")
+    if out.dtype == dtype and out.flags.c_contiguous:
+        return out
+    return np.empty(shape, dtype=dtype)
+
+
+def _finish(buf: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if out is None or buf is out:
+        return buf
+    out[...] = buf
+    return out
+
+
+def _n_chunks(N: int, G: int, S: int, reduce_batch: bool) -> int:
+    """How many row chunks the dweight/dbias partial sums use: a function of the shape only
+    (never of the thread count), enough items to balance the threads, and few enough that
+    the partial buffers (n_chunks * G * K) stay small next to the data (N * G * K * S)."""
+    if reduce_batch:
+        return 1
+    return max(1, min(N, -(-_TARGET_ITEMS // G), N * S // _MIN_TERMS_PER_CHUNK))
+
+
+def norm_forward(
+    x: np.ndarray,
+    weight: np.ndarray | None,
+    bias: np.ndarray | None,
+    eps: float,
+    *,
+    centered: bool = True,
+    reduce_batch: bool = False,
+    mask: np.ndarray | None = None,
+    stats: tuple[np.ndarray, np.ndarray] | None = None,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Same contract as ``reference.norm_forward``."""
+    if x.dtype not in _KERNEL_DTYPES:
+        return reference.norm_forward(
+            x, weight, bias, eps, centered=centered, reduce_batch=reduce_batch, mask=mask, stats=stats, out=out
+        )
+    N, G, K, S = x.shape
+    xc = np.ascontiguousarray(x)
+    y = _out_buffer(out, x.shape, x.dtype, "norm_forward")
+    if stats is None:
+        mean2 = np.empty((1 if reduce_batch else N, G))
+        var2 = np.empty_like(mean2)
+    else:
+        mean2, var2 = (_stat2("norm_forward", "stats", s, reduce_batch, N, G).copy() for s in stats)
+    _kernel("forward", x.size)(
+        xc.reshape(N, G, K * S),
+        _affine2("norm_forward", "weight", weight, G, K, 1.0, x.dtype),
+        _affine2("norm_forward", "bias", bias, G, K, 0.0, x.dtype),
+        bias is not None,
+        float(eps),
+        centered,
+        reduce_batch,
+        _mask2("norm_forward", mask, N, S),
+        mask is not None,
+        stats is not None,
+        mean2,
+        var2,
+        y.reshape(N, G, K * S),
+        K,
+        S,
+    )
+    stat_shape = (G,) if reduce_batch else (N, G)
+    return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
+
+
+def norm_backward(
+    dy: np.ndarray,
+    x: np.ndarray,
+    mean: np.ndarray,
+    rstd: np.ndarray,
+    weight: np.ndarray | None,
+    *,
+    centered: bool = True,
+    reduce_batch: bool = False,
+    mask: np.ndarray | None = None,
+    fixed_stats: bool = False,
+    need_affine_grads: bool = True,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Same contract as ``reference.norm_backward``."""
+    common = np.result_type(x.dtype, dy.dtype)
+    if common not in _KERNEL_DTYPES:
+        return reference.norm_backward(
+            dy, x, mean, rstd, weight, centered=centered, reduce_batch=reduce_batch, mask=mask,
+            fixed_stats=fixed_stats, need_affine_grads=need_affine_grads, out=out,
+        )  # fmt: skip
+    _checked("norm_backward", "dy", dy, x.shape)
+    N, G, K, S = x.shape
+    L = K * S
+    n_chunks = _n_chunks(N, G, S, reduce_batch)
+    pdw = np.empty((n_chunks, G, K))
+    pdb = np.empty((n_chunks, G, K))
+    dx = _out_buffer(out, x.shape, common, "norm_backward") if common == x.dtype else np.empty(x.shape, common)
+    _kernel("backward", x.size)(
+        np.ascontiguousarray(dy, dtype=common).reshape(N, G, L),
+        np.ascontiguousarray(x, dtype=common).reshape(N, G, L),
+        _stat2("norm_backward", "mean", mean, reduce_batch, N, G),
+        _stat2("norm_backward", "rstd", rstd, reduce_batch, N, G),
+        _affine2("norm_backward", "weight", weight, G, K, 1.0, common),
+        centered or fixed_stats,
+        reduce_batch,
+        _mask2("norm_backward", mask, N, S),
+        mask is not None,
+        fixed_stats,
+        dx.reshape(N, G, L),
+        pdw,
+        pdb,
+        K,
+        S,
+    )
+    if common != x.dtype:
+        dx = _finish(dx.astype(x.dtype), out)
+    else:
+        dx = _finish(dx, out)
+    if weight is None or not need_affine_grads:
+        return dx, None, None
+    # the partial sums added in chunk order: the same bits on any number of threads
+    return dx, pdw.sum(axis=0).astype(weight.dtype), pdb.sum(axis=0).astype(weight.dtype)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function, elementwise, in x's dtype (math.erf in float64, like the reference)."""
+    if x.dtype not in _KERNEL_DTYPES:
+        return reference.erf(x)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    y = np.empty(flat.shape, dtype=x.dtype)
+    _kernel("erf", flat.size)(flat, y)
+    return y.reshape(x.shape)

@@ -1,0 +1,630 @@
+"""The benchmark harness: the norm kernels against this machine's memory bandwidth and PyTorch.
+
+Everything is timed side by side in one process, because the machine is shared
+and noisy: a STREAM-style copy and triad (numba kernels, preallocated float64
+arrays, 1 thread and all threads) give the bandwidth limit; then for each norm,
+shape, dtype and direction (forward, backward, forward+backward) the median time
+over repeated runs of
+
+    numpy        the NumPy reference kernels (``minigrad_norm.kernels.reference``)
+    numba 1t     the numba kernels on one thread, preallocated outputs (``out=``)
+    numba        the numba kernels on all threads, allocating their outputs
+    numba out=   the numba kernels on all threads, preallocated outputs
+    torch 1t     PyTorch CPU eager on one thread (when torch is installed), allocating
+    torch        PyTorch CPU eager on all threads, allocating
+
+Effective GB/s count the minimal bytes: forward reads x and writes y (2 |x|
+bytes), backward reads x and dy and writes dx (3 |x|), forward+backward 5 |x|
+(statistics and affine parameters are negligible). STREAM counts its bytes the
+same way (copy 2 arrays, triad 3 arrays), so "% of copy/triad" compares like
+with like. The kernels are called at the ndarray level on each norm's 4-D view
+(see ``minigrad_norm.kernels.reference``), as the norm layers call them.
+
+    minigrad-norm bench [--quick] [--json PATH] [--markdown PATH] [--plot PATH]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from minigrad_norm.kernels import reference
+
+EPS = 1e-5
+DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
+BYTES_PER_X = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
+IMPLS = ("numpy", "numba 1t", "numba", "numba out=", "torch 1t", "torch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One norm on one input shape: its (N, G, K, S) view and how PyTorch computes it."""
+
+    norm: str
+    shape: tuple[int, ...]
+    view: tuple[int, int, int, int]
+    centered: bool = True
+    reduce_batch: bool = False
+    has_bias: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.norm} {tuple(self.shape)}"
+
+
+def layer_norm_case(rows: int, d: int, rms: bool = False) -> Case:
+    return Case("rms_norm" if rms else "layer_norm", (rows, d), (rows, 1, d, 1), centered=not rms, has_bias=not rms)
+
+
+def channel_case(norm: str, shape: tuple[int, int, int, int], groups: int | None = None) -> Case:
+    n, c, h, w = shape
+    g = groups or c
+    return Case(norm, shape, (n, g, c // g, h * w), reduce_batch=norm == "batch_norm2d")
+
+
+def listed_cases() -> list[Case]:
+    """The shapes of issue 4."""
+    rows = [(8192, 1024), (65536, 128), (512, 4096), (4096, 768)]
+    image = (32, 64, 56, 56)
+    return [
+        *(layer_norm_case(r, d) for r, d in rows),
+        *(layer_norm_case(r, d, rms=True) for r, d in rows),
+        channel_case("batch_norm2d", image),
+        channel_case("instance_norm2d", image),
+        channel_case("group_norm", image, groups=8),
+    ]
+
+
+def quick_cases() -> list[Case]:
+    """One shape per norm, smaller images: a smoke-level run under a minute."""
+    image = (8, 64, 56, 56)
+    return [
+        layer_norm_case(4096, 768),
+        layer_norm_case(4096, 768, rms=True),
+        channel_case("batch_norm2d", image),
+        channel_case("instance_norm2d", image),
+        channel_case("group_norm", image, groups=8),
+    ]
+
+
+def sweep_cases(quick: bool) -> list[Case]:
+    """LayerNorm over D = 1024 from L2-resident (64 rows, 256 KiB in float32) to DRAM-sized."""
+    top = 12 if quick else 15
+    return [layer_norm_case(2**e, 1024) for e in range(6, top + 1)]
+
+
+# ---------------------------------------------------------------------------
+# timing
+
+
+def median_time(fn: Callable[[], Any], min_repeats: int, budget_s: float) -> float:
+    """Median wall time of ``fn`` after one warm-up call: at least ``min_repeats`` runs, more
+    while within ``budget_s`` (at most 100)."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_repeats or (time.perf_counter() - start < budget_s and len(times) < 100):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+class Threads:
+    """Runs a block with numba (and torch, when present) on ``n`` threads."""
+
+    def __init__(self, n: int, torch: Any = None):
+        self.n, self.torch = n, torch
+
+    def __enter__(self) -> None:
+        import numba
+
+        self.saved = numba.get_num_threads(), self.torch.get_num_threads() if self.torch else None
+        numba.set_num_threads(self.n)
+        if self.torch:
+            self.torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc: object) -> None:
+        import numba
+
+        numba.set_num_threads(self.saved[0])
+        if self.torch:
+            self.torch.set_num_threads(self.saved[1])
+
+
+# ---------------------------------------------------------------------------
+# STREAM
+
+
+def _stream_kernels() -> tuple[Callable, Callable]:
+    import numba
+
+    @numba.njit(parallel=True, cache=True)
+    def stream_copy(a, c):
+        for i in numba.prange(a.shape[0]):
+            c[i] = a[i]
+
+    @numba.njit(parallel=True, cache=True)
+    def stream_triad(a, b, c, s):
+        for i in numba.prange(a.shape[0]):
+            a[i] = b[i] + s * c[i]
+
+    return stream_copy, stream_triad
+
+
+class Stream:
+    """STREAM copy (c = a) and triad (a = b + s c) on float64 arrays of twice the L3 size each (once
+    with --quick): allocated and faulted in once, then timed whenever asked."""
+
+    def __init__(self, quick: bool):
+        n = max(2**22 if quick else 2**23, (1 if quick else 2) * _l3_bytes() // 8)
+        self.copy_kernel, self.triad_kernel = _stream_kernels()
+        self.a, self.b, self.c = np.ones(n), np.full(n, 2.0), np.zeros(n)
+        self.bytes = {"copy": 2 * self.a.nbytes, "triad": 3 * self.a.nbytes}
+
+    def copy(self) -> None:
+        self.copy_kernel(self.a, self.c)
+
+    def triad(self) -> None:
+        self.triad_kernel(self.a, self.b, self.c, 3.0)
+
+    def measure(self, n_threads: Sequence[int], budget_s: float) -> dict[str, float]:
+        """GB/s of copy and triad on each thread count."""
+        out = {}
+        for t in n_threads:
+            for name, fn in (("copy", self.copy), ("triad", self.triad)):
+                with Threads(t):
+                    out[f"{name} {t}t"] = self.bytes[name] / median_time(fn, 3, budget_s) / 1e9
+        return out
+
+
+def _l3_bytes() -> int:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            text = f.read().strip()
+        return int(text[:-1]) * {"K": 2**10, "M": 2**20}[text[-1]]
+    except (OSError, ValueError, KeyError):
+        return 32 * 2**20
+
+
+# ---------------------------------------------------------------------------
+# the runners: one closure per (implementation, direction)
+
+
+@dataclasses.dataclass
+class Problem:
+    """The arrays of one timed case, made once and reused by every implementation."""
+
+    case: Case
+    dtype: np.dtype
+    x: np.ndarray
+    dy: np.ndarray
+    weight: np.ndarray
+    bias: np.ndarray | None
+    mean: np.ndarray
+    rstd: np.ndarray
+
+    @classmethod
+    def make(cls, case: Case, dtype: np.dtype, seed: int = 0) -> Problem:
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal(case.view, dtype=np.float32).astype(dtype)
+        dy = rng.standard_normal(case.view, dtype=np.float32).astype(dtype)
+        weight = (1 + 0.1 * rng.standard_normal(case.view[1:3])).astype(dtype)
+        bias = (0.1 * rng.standard_normal(case.view[1:3])).astype(dtype) if case.has_bias else None
+        _, mean, var = reference.norm_forward(
+            x, weight, bias, EPS, centered=case.centered, reduce_batch=case.reduce_batch
+        )
+        return cls(case, np.dtype(dtype), x, dy, weight, bias, mean, 1.0 / np.sqrt(var + EPS))
+
+
+def kernel_runner(kernels: Any, p: Problem, direction: str, preallocated: bool) -> Callable[[], Any]:
+    """Forward/backward of ``kernels`` (a kernel module) on the problem's 4-D view."""
+    opts = dict(centered=p.case.centered, reduce_batch=p.case.reduce_batch)
+    y_out = np.empty_like(p.x) if preallocated else None
+    dx_out = np.empty_like(p.x) if preallocated else None
+
+    def fwd() -> Any:
+        return kernels.norm_forward(p.x, p.weight, p.bias, EPS, out=y_out, **opts)
+
+    def bwd(mean: np.ndarray = p.mean, rstd: np.ndarray = p.rstd) -> Any:
+        return kernels.norm_backward(p.dy, p.x, mean, rstd, p.weight, out=dx_out, **opts)
+
+    def fwd_bwd() -> Any:
+        _, mean, var = fwd()
+        return bwd(mean, 1.0 / np.sqrt(var + EPS))
+
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}[direction]
+
+
+def torch_runner(torch: Any, p: Problem, direction: str) -> Callable[[], Any]:
+    """PyTorch CPU eager on the norm's natural layout (its default, allocating path)."""
+    F = torch.nn.functional
+    case = p.case
+    x = torch.from_numpy(np.ascontiguousarray(p.x).reshape(case.shape))
+    dy = torch.from_numpy(np.ascontiguousarray(p.dy).reshape(case.shape))
+    w = torch.from_numpy(p.weight.reshape(-1))
+    b = torch.from_numpy(p.bias.reshape(-1)) if p.bias is not None else None
+    d = case.shape[-1]
+    op = {
+        "layer_norm": lambda x, w, b: F.layer_norm(x, (d,), w, b, EPS),
+        "rms_norm": lambda x, w, b: F.rms_norm(x, (d,), w, EPS),
+        "batch_norm2d": lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True, eps=EPS),
+        "instance_norm2d": lambda x, w, b: F.instance_norm(x, weight=w, bias=b, eps=EPS),
+        "group_norm": lambda x, w, b: F.group_norm(x, case.view[1], w, b, EPS),
+    }[case.norm]
+    leaves = [t.requires_grad_(direction != "fwd") for t in (x, w, b) if t is not None]
+
+    def fwd() -> Any:
+        with torch.no_grad():
+            return op(x, w, b)
+
+    graph = op(x, w, b) if direction == "bwd" else None
+
+    def bwd() -> Any:
+        return torch.autograd.grad(graph, leaves, dy, retain_graph=True)
+
+    def fwd_bwd() -> Any:
+        return torch.autograd.grad(op(x, w, b), leaves, dy)
+
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}[direction]
+
+
+# ---------------------------------------------------------------------------
+# the run
+
+
+@dataclasses.dataclass
+class Row:
+    norm: str
+    shape: tuple[int, ...]
+    dtype: str
+    direction: str
+    bytes: int
+    ms: dict[str, float]  # implementation -> median milliseconds
+    stream: dict[str, float]  # STREAM copy and triad GB/s (all threads), timed interleaved with this row
+
+    def gbps(self, impl: str) -> float | None:
+        t = self.ms.get(impl)
+        return None if t is None else self.bytes / (t * 1e-3) / 1e9
+
+
+def machine_description() -> dict[str, Any]:
+    import numba
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "l3_bytes": _l3_bytes(),
+        "numba_threads": numba.config.NUMBA_NUM_THREADS,
+        "threading_layer": os.environ.get("NUMBA_THREADING_LAYER", numba.config.THREADING_LAYER),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "platform": platform.platform(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    torch = _torch()
+    info["torch"] = torch.__version__ if torch else None
+    return info
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def interleaved_medians(
+    plan: dict[str, tuple[int, Callable[[], Any]]], torch: Any, min_rounds: int, budget_s: float
+) -> dict[str, float]:
+    """Median seconds per implementation, timed in rounds (one call of each per round, each on its own
+    thread count) so that a change in the machine's load hits all of them alike."""
+    import numba
+
+    def on_threads(n: int) -> None:
+        numba.set_num_threads(n)
+        if torch is not None:
+            torch.set_num_threads(n)
+
+    saved = numba.get_num_threads(), torch.get_num_threads() if torch is not None else None
+    times: dict[str, list[float]] = {name: [] for name in plan}
+    try:
+        for threads, fn in plan.values():  # warm-up
+            on_threads(threads)
+            fn()
+        start = time.perf_counter()
+        rounds = 0
+        while rounds < min_rounds or (time.perf_counter() - start < budget_s and rounds < 100):
+            for name, (threads, fn) in plan.items():
+                on_threads(threads)
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+            rounds += 1
+    finally:
+        numba.set_num_threads(saved[0])
+        if torch is not None:
+            torch.set_num_threads(saved[1])
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def time_case(
+    p: Problem, direction: str, torch: Any, stream: Stream, all_threads: int, quick: bool, impls: Sequence[str]
+) -> Row:
+    """One row: STREAM copy and triad on all threads just before (the bandwidth of the same moment: the
+    machine is shared), then every implementation but NumPy interleaved round by round, then the NumPy
+    reference on its own (it is slow)."""
+    from minigrad_norm.kernels import numba_cpu
+
+    reps, budget = (3, 0.05) if quick else (3, 0.5)
+    plan: dict[str, tuple[int, Callable[[], Any]]] = {
+        "numba 1t": (1, kernel_runner(numba_cpu, p, direction, True)),
+        "numba": (all_threads, kernel_runner(numba_cpu, p, direction, False)),
+        "numba out=": (all_threads, kernel_runner(numba_cpu, p, direction, True)),
+    }
+    if torch is not None:
+        plan["torch 1t"] = (1, torch_runner(torch, p, direction))
+        plan["torch"] = (all_threads, torch_runner(torch, p, direction))
+    bandwidth = {k.split()[0]: v for k, v in stream.measure([all_threads], 0.05).items()}
+    plan = {k: v for k, v in plan.items() if k in impls}
+    ms = {impl: 1e3 * t for impl, t in interleaved_medians(plan, torch, reps, budget).items()}
+    if "numpy" in impls:
+        ms["numpy"] = 1e3 * median_time(kernel_runner(reference, p, direction, False), reps, budget)
+    return Row(p.case.norm, p.case.shape, p.dtype.name, direction, BYTES_PER_X[direction] * p.x.nbytes, ms, bandwidth)
+
+
+def startup_seconds(cold: bool) -> float:
+    """Wall time of a fresh process that imports minigrad_norm and runs one LayerNorm forward+backward
+    through the Tensor API; ``cold`` gives it an empty numba cache and compiles every kernel for both
+    dtypes (serial and parallel) instead."""
+    script = (
+        "import numpy as np, minigrad_norm as mg\n"
+        "from minigrad_norm.norms import layer_norm\n"
+        "x = mg.Tensor(np.random.default_rng(0).standard_normal((4096, 768), dtype=np.float32), requires_grad=True)\n"
+        "w = mg.Tensor(np.ones(768, np.float32), requires_grad=True)\n"
+        "layer_norm(x, 768, w).sum().backward()\n"
+    )
+    if cold:
+        script = (
+            "import numpy as np\nfrom minigrad_norm.kernels import numba_cpu as k\n"
+            "for dt in (np.float32, np.float64):\n"
+            "    for n in (4, 4 * k.PARALLEL_MIN_ELEMENTS):\n"
+            "        x = np.ones((n, 1, 2, 1), dt)\n"
+            "        y, m, v = k.norm_forward(x, None, None, 1e-5)\n"
+            "        k.norm_backward(x, x, m, 1 / np.sqrt(v + 1e-5), np.ones((1, 2), dt)); k.erf(x)\n"
+        )
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, **({"NUMBA_CACHE_DIR": cache} if cold else {}))
+        if not cold:  # warm the cache first
+            subprocess.run([sys.executable, "-c", script], check=True, env=env)
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", script], check=True, env=env)
+        return time.perf_counter() - t
+
+
+@dataclasses.dataclass
+class Report:
+    machine: dict[str, Any]
+    stream: dict[str, float]
+    rows: list[Row]
+    sweep: list[Row]
+    startup: dict[str, float]
+    quick: bool
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def run(
+    quick: bool = False,
+    cases: Sequence[Case] | None = None,
+    sweep: Sequence[Case] | None = None,
+    dtypes: Sequence[str] | None = None,
+    impls: Sequence[str] = IMPLS,
+    startup: bool = True,
+    progress: bool = True,
+) -> Report:
+    """Run the whole benchmark (``quick``: float32 only, fewer shapes and repeats, under a minute)."""
+    import numba
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    torch = _torch() if any(i.startswith("torch") for i in impls) else None
+    all_threads = numba.config.NUMBA_NUM_THREADS
+    if cases is None:
+        cases = quick_cases() if quick else listed_cases()
+    if sweep is None:
+        sweep = sweep_cases(quick)
+    dtypes = dtypes or (("float32",) if quick else ("float32", "float64"))
+    jobs = [(c, d, direction, False) for c in cases for d in dtypes for direction in DIRECTIONS]
+    jobs += [(c, "float32", "fwd+bwd", True) for c in sweep]
+    stream = Stream(quick)
+    bandwidth = stream.measure(sorted({1, all_threads}), 0.3 if quick else 1.0)
+    rows: list[Row] = []
+    sweep_rows: list[Row] = []
+    problem: Problem | None = None
+    for case, dtype, direction, in_sweep in tqdm(jobs, desc="bench", unit="case", disable=not progress):
+        if problem is None or problem.case != case or problem.dtype != np.dtype(dtype):
+            problem = None  # free the previous arrays first
+            problem = Problem.make(case, np.dtype(dtype))
+        sweep_impls = [i for i in impls if i in ("numpy", "numba", "numba out=", "torch")]
+        row = time_case(problem, direction, torch, stream, all_threads, quick, sweep_impls if in_sweep else impls)
+        (sweep_rows if in_sweep else rows).append(row)
+    times = {}
+    if startup:
+        times["warm first LayerNorm fwd+bwd, process wall time (s)"] = startup_seconds(cold=False)
+        if not quick:
+            times["cold compile of every kernel, both dtypes, process wall time (s)"] = startup_seconds(cold=True)
+    return Report(machine_description(), bandwidth, rows, sweep_rows, times, quick, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------
+# reports
+
+
+def _f(v: float | None, fmt: str = ".2f") -> str:
+    return "-" if v is None or not math.isfinite(v) else format(v, fmt)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
+def _percent(row: Row, impl: str, stream: str) -> float | None:
+    """GB/s of ``impl`` as a percentage of the STREAM kernel timed alongside this row."""
+    gbps = row.gbps(impl)
+    return None if gbps is None else 100 * gbps / row.stream[stream]
+
+
+def format_table(report: Report, markdown: bool = False) -> str:
+    """The results as a table: times, GB/s and fraction of STREAM for numba, and ratios."""
+    head = ["norm", "shape", "dtype", "dir"] + [f"{i} ms" for i in IMPLS]
+    head += ["copy GB/s", "out= GB/s", "% copy", "% triad", "x numpy", "x torch"]
+    lines = []
+    for r in report.rows + report.sweep:
+        lines.append(
+            [r.norm, "x".join(map(str, r.shape)), r.dtype, r.direction]
+            + [_f(r.ms.get(i), ".3g") for i in IMPLS]
+            + [
+                _f(r.stream["copy"], ".1f"),
+                _f(r.gbps("numba out="), ".1f"),
+                _f(_percent(r, "numba out=", "copy"), ".0f"),
+                _f(_percent(r, "numba out=", "triad"), ".0f"),
+                _f(_ratio(r.ms.get("numpy"), r.ms.get("numba out=")), ".1f"),
+                _f(_ratio(r.ms.get("torch"), r.ms.get("numba")), ".1f"),
+            ]
+        )
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)]
+    sep = " | " if markdown else "  "
+    fmt_line = (
+        (lambda cells: "| " + sep.join(c.rjust(w) for c, w in zip(cells, widths)) + " |")
+        if markdown
+        else (lambda cells: sep.join(c.rjust(w) for c, w in zip(cells, widths)))
+    )
+    out = [fmt_line(head)]
+    out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|" if markdown else "-" * len(out[0]))
+    out += [fmt_line(cells) for cells in lines]
+    return "\n".join(out)
+
+
+def target_summary(report: Report) -> list[str]:
+    """The issue's targets, read off this run. DRAM-sized: x alone is larger than half the L3 (so x, y,
+    dy and dx together are at least twice the L3)."""
+    dram = [r for r in report.rows if r.bytes / BYTES_PER_X[r.direction] > report.machine["l3_bytes"] / 2]
+
+    def span(values: list[float | None], unit: str) -> str:
+        v = [x for x in values if x is not None]
+        return f"{min(v):.{0 if unit == '%' else 1}f}{unit} .. {max(v):.{0 if unit == '%' else 1}f}{unit}" if v else "-"
+
+    fb = [r for r in dram if r.direction == "fwd+bwd"]
+    fwd = [r for r in dram if r.direction == "fwd"]
+    return [
+        f"fwd+bwd at DRAM sizes, numba out=, % of triad (copy): "
+        f"{span([_percent(r, 'numba out=', 'triad') for r in fb], '%')} "
+        f"({span([_percent(r, 'numba out=', 'copy') for r in fb], '%')}); target >= 70%",
+        f"fwd+bwd at DRAM sizes, torch / numba, both allocating, all threads: "
+        f"{span([_ratio(r.ms.get('torch'), r.ms.get('numba')) for r in fb], 'x')}; target >= 2x",
+        f"fwd at DRAM sizes, numba out=, % of copy: {span([_percent(r, 'numba out=', 'copy') for r in fwd], '%')}; "
+        "target >= 80%",
+        f"numpy / numba out=, every listed shape and direction: "
+        f"{span([_ratio(r.ms.get('numpy'), r.ms.get('numba out=')) for r in report.rows], 'x')}; target >= 5x",
+    ]
+
+
+def format_report(report: Report, markdown: bool = False) -> str:
+    m = report.machine
+    bullet = "- " if markdown else "  "
+    parts = [
+        "# minigrad_norm kernel benchmark" if markdown else "minigrad_norm kernel benchmark",
+        "",
+        "Generated by `minigrad-norm bench --markdown benchmarks/RESULTS.md --json benchmarks/results.json "
+        "--plot benchmarks/sweep.png`. The machine is shared with other jobs, so absolute numbers move "
+        "from run to run; the ratios are measured side by side in one process.",
+        "",
+        "Machine:",
+        *(f"{bullet}{k}: {v}" for k, v in m.items()),
+        "",
+        "STREAM (numba, float64, GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in report.stream.items()),
+        "",
+        "Columns: median ms per call (numpy = reference; '1t' = one thread; numba = allocating outputs, "
+        "'out=' = preallocated; torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
+        "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|); '% copy'/'% triad' compare it with STREAM copy/triad on all "
+        "threads, timed just before that row ('copy GB/s'); the other implementations are timed round-robin; "
+        "'x numpy' = numpy / numba out=, 'x torch' = torch / numba (both allocating, "
+        "all threads). The LayerNorm D=1024 rows at the end are the size sweep.",
+        "",
+        format_table(report, markdown),
+        "",
+    ]
+    if report.rows:
+        parts += ["Targets (issue 4), as measured in this run:", *(f"{bullet}{t}" for t in target_summary(report)), ""]
+    if report.startup:
+        parts += ["Process start-up:", *(f"{bullet}{k}: {v:.2f}" for k, v in report.startup.items()), ""]
+    parts.append(f"Total run time: {report.seconds:.0f} s{' (--quick)' if report.quick else ''}")
+    return "\n".join(parts)
+
+
+def plot(report: Report, path: str) -> None:
+    """Time and GB/s against bytes moved, for the size sweep (matplotlib, optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RuntimeError("bench --plot needs matplotlib (pip install minigrad_norm[plot])") from e
+    fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(11, 4))
+    sizes = [r.bytes / 2**20 for r in report.sweep]
+    for impl in ("numpy", "numba", "numba out=", "torch"):
+        ms = [r.ms.get(impl) for r in report.sweep]
+        if all(v is not None for v in ms):
+            ax_t.loglog(sizes, ms, "o-", label=impl)
+            ax_bw.semilogx(sizes, [r.gbps(impl) for r in report.sweep], "o-", label=impl)
+    for k, v in report.stream.items():
+        ax_bw.axhline(v, ls=":", lw=1, color="gray")
+        ax_bw.annotate(f"STREAM {k}", (sizes[0] if sizes else 1, v), fontsize=7, color="gray")
+    ax_t.set(xlabel="MiB moved (fwd+bwd, 5 |x|)", ylabel="median ms", title="LayerNorm D=1024 fwd+bwd, float32")
+    ax_bw.set(xlabel="MiB moved", ylabel="effective GB/s", title="bandwidth")
+    ax_t.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(args: Any) -> int:
+    """``minigrad-norm bench``: run, print the table, write the requested files."""
+    report = run(quick=args.quick, progress=not args.no_progress, startup=not args.no_startup)
+    print(format_report(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_json(), f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(format_report(report, markdown=True) + "\n")
+    if args.plot:
+        plot(report, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0

@@ -1,0 +1,290 @@
+"""The numba kernels against the NumPy reference: same functions, same signatures, same numbers.
+
+Tolerances. The numba kernels use the reference's elementwise operation order and
+accumulate in float64 too; they differ only in the summation order of the
+statistics and of dweight/dbias. So, relative to the largest magnitude in the
+reference output (``scale``):
+
+* float64: |numba - reference| <= 1e-10 * scale;
+* float32: |numba - reference| <= 4 ULP(1) * scale = 4.8e-7 * scale (outputs are the
+  float64 result rounded once, so two roundings of nearby float64 values).
+
+The inputs are drawn as offset + spread * N(0, 1) with |offset| / spread <= 1e3, so
+no test depends on cancellation deeper than these bounds allow.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from minigrad_norm.kernels import numba_cpu, reference
+
+EPS = 1e-5
+TOL = {np.float32: 4 * float(np.finfo(np.float32).eps), np.float64: 1e-10}
+
+
+def assert_close(got, want, dtype, what: str) -> None:
+    if want is None:
+        assert got is None, what
+        return
+    assert got.shape == want.shape, what
+    assert got.dtype == want.dtype, what
+    both_finite = np.isfinite(want) & np.isfinite(got)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{what}: NaN pattern")
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=f"{what}: +inf pattern")
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"{what}: -inf pattern")
+    scale = max(1.0, float(np.max(np.abs(want[both_finite]), initial=0.0)))
+    err = float(np.max(np.abs(got[both_finite].astype(np.float64) - want[both_finite]), initial=0.0))
+    assert err <= TOL[dtype] * scale, f"{what}: max abs error {err:.3e} > {TOL[dtype]:.1e} * {scale:.3e}"
+
+
+@st.composite
+def cases(draw, max_side: int = 9, long_rows: bool = False):
+    """A norm problem on the (N, G, K, S) view, with every option of the kernels; with ``long_rows``
+    small N, G, K and a spatial extent S of thousands (one long group per (n, g))."""
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    shape = tuple(draw(st.integers(1, max_side)) for _ in range(3)) + (draw(st.integers(300, 3000)),)
+    if not long_rows:
+        shape = shape[:3] + (draw(st.integers(1, max_side)),)
+    N, G, K, S = shape
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    spread = 10.0 ** draw(st.integers(-2, 1))
+    offset = spread * draw(st.sampled_from([0.0, 1.0, -30.0, 1e3]))
+    x = (offset + spread * rng.standard_normal(shape)).astype(dtype)
+    layout = draw(st.sampled_from(["contiguous", "strided", "fortran"]))
+    if layout == "strided":  # a view with steps in every axis
+        big = np.zeros((2 * N, G, K, 2 * S), dtype=dtype)
+        big[::2, :, :, ::2] = x
+        x = big[::2, :, :, ::2]
+    elif layout == "fortran":
+        x = np.asfortranarray(x)
+    affine = draw(st.sampled_from(["none", "weight", "both"]))
+    weight = None if affine == "none" else rng.standard_normal((G, K)).astype(dtype)
+    bias = rng.standard_normal((G, K)).astype(dtype) if affine == "both" else None
+    mask = None
+    if draw(st.booleans()):
+        mask = rng.random((N, S)) < 0.7
+        mask[0, 0] = True  # at least one valid value in the first group
+    return dict(
+        x=x,
+        dy=rng.standard_normal(shape).astype(dtype),
+        weight=weight,
+        bias=bias,
+        centered=draw(st.booleans()),
+        reduce_batch=draw(st.booleans()),
+        mask=mask,
+        eval_stats=draw(st.booleans()),
+        need_affine_grads=draw(st.booleans()),
+    )
+
+
+def run_both(case: dict, **extra) -> list[tuple]:
+    """(numba result, reference result, name) for forward, backward and fixed-stats backward."""
+    x, w, b, dy = case["x"], case["weight"], case["bias"], case["dy"]
+    opts = dict(centered=case["centered"], reduce_batch=case["reduce_batch"], mask=case["mask"])
+    fwd = {}
+    for name, mod in (("numba", numba_cpu), ("reference", reference)):
+        y, mean, var = mod.norm_forward(x, w, b, EPS, **opts)
+        stats = (mean + 0.25, var + 0.5) if case["eval_stats"] else None
+        if stats is not None:
+            y, mean, var = mod.norm_forward(x, w, b, EPS, stats=stats, **opts)
+        # both backwards get the reference's statistics: this compares the backward alone
+        fwd[name] = (y, mean, var)
+    _, mean, var = fwd["reference"]
+    rstd = 1.0 / np.sqrt(var + EPS)
+    out = []
+    for fixed in (False, True):
+        bwd = [
+            mod.norm_backward(
+                dy, x, mean, rstd, w, fixed_stats=fixed, need_affine_grads=case["need_affine_grads"], **opts, **extra
+            )
+            for mod in (numba_cpu, reference)
+        ]
+        out.append((bwd[0], bwd[1], f"backward fixed_stats={fixed}"))
+    return [(fwd["numba"], fwd["reference"], "forward"), *out]
+
+
+def check_case(case: dict) -> None:
+    dtype = case["x"].dtype.type
+    for got, want, what in run_both(case):
+        for name, g, w in zip(("first", "second", "third"), got, want):
+            assert_close(g, w, dtype, f"{what}, output {name}")
+
+
+@given(cases())
+def test_numba_equals_reference(case):
+    check_case(case)
+
+
+@given(cases(max_side=3, long_rows=True))
+def test_long_rows(case):
+    """Very long groups (a big spatial map; LayerNorm's long rows are K, covered by the transpose)."""
+    check_case(case)
+
+
+@given(cases(max_side=3, long_rows=True))
+def test_long_layer_norm_rows(case):
+    """LayerNorm's view (rows, 1, D, 1) with D in the thousands: the S == 1 fast path."""
+    N, G, K, S = case["x"].shape
+    for key in ("x", "dy"):
+        case[key] = np.ascontiguousarray(case[key]).reshape(N * G * K, 1, S, 1)
+    w = np.resize(np.linspace(-2, 2, 7), (1, S)).astype(case["x"].dtype)
+    case.update(mask=None, weight=w, bias=None if case["bias"] is None else w[:, ::-1] * 0.5)
+    check_case(case)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_parallel_path_equals_reference_and_serial(monkeypatch, dtype):
+    """The parallel compile (used above PARALLEL_MIN_ELEMENTS) gives the serial compile's bits."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 3, 4, 5)).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    w = rng.standard_normal((3, 4)).astype(dtype)
+    b = rng.standard_normal((3, 4)).astype(dtype)
+    for reduce_batch in (False, True):
+        results = []
+        for threshold in (10**9, 0):  # serial, then parallel
+            monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", threshold)
+            y, mean, var = numba_cpu.norm_forward(x, w, b, EPS, reduce_batch=reduce_batch)
+            grads = numba_cpu.norm_backward(dy, x, mean, 1 / np.sqrt(var + EPS), w, reduce_batch=reduce_batch)
+            results.append((y, mean, var, *grads))
+        for serial, parallel in zip(*results):
+            np.testing.assert_array_equal(serial, parallel)
+        want_y = reference.norm_forward(x, w, b, EPS, reduce_batch=reduce_batch)[0]
+        assert_close(results[1][0], want_y, dtype, "parallel forward")
+
+
+@pytest.mark.parametrize("shape", [(4096, 1, 64, 1), (8, 16, 2, 300)])
+def test_bit_identical_across_thread_counts(shape):
+    """dweight/dbias go through fixed per-chunk partial sums: 1 thread and all threads agree bit for bit."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal(shape[1:3]).astype(np.float32)
+    assert x.size >= numba_cpu.PARALLEL_MIN_ELEMENTS  # the parallel compile runs
+    results = []
+    previous = numba.get_num_threads()
+    try:
+        for threads in (1, numba.config.NUMBA_NUM_THREADS):
+            numba.set_num_threads(threads)
+            y, mean, var = numba_cpu.norm_forward(x, w, None, EPS)
+            results.append((y, mean, var, *numba_cpu.norm_backward(dy, x, mean, 1 / np.sqrt(var + EPS), w)))
+    finally:
+        numba.set_num_threads(previous)
+    for one, many in zip(*results):
+        np.testing.assert_array_equal(one, many)
+
+
+def _with_non_finite(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    a = a.copy()
+    flat = a.reshape(-1)
+    idx = rng.choice(flat.size, size=3, replace=False)
+    flat[idx] = [np.nan, np.inf, -np.inf]
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reduce_batch", [False, True])
+@pytest.mark.parametrize("where", ["x", "dy", "weight"])
+def test_nan_inf_propagate_like_the_reference(dtype, reduce_batch, where):
+    """NaN and +-inf in the input give the reference's NaN/inf pattern in every output and gradient,
+    with computed statistics and with given (eval) statistics, so no fastmath flag broke them."""
+    rng = np.random.default_rng(2)
+    shape = (5, 4, 3, 7)
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((4, 3)).astype(dtype)
+    b = rng.standard_normal((4, 3)).astype(dtype)
+    if where == "x":
+        x = _with_non_finite(x, rng)
+    elif where == "dy":
+        dy = _with_non_finite(dy, rng)
+    else:
+        w = _with_non_finite(w, rng)
+    case = dict(x=x, dy=dy, weight=w, bias=b, reduce_batch=reduce_batch, mask=None, need_affine_grads=True)
+    for centered in (True, False):
+        for eval_stats in (False, True):
+            check_case({**case, "centered": centered, "eval_stats": eval_stats})
+
+
+def test_fastmath_helpers_keep_nan_inf():
+    """The reductions, the only code with a fastmath flag (reassoc), on the cancellation the issue warns about."""
+    v = np.array([0.5, -np.inf, np.inf, 1.0])
+    assert np.isnan(numba_cpu._sum(v))
+    assert np.isnan(numba_cpu._sum_sq_dev(np.array([1.0, np.nan]), 0.0))
+    assert numba_cpu._sum(np.array([np.inf, 1.0] * 20)) == np.inf
+
+
+@pytest.mark.parametrize("fortran_out", [False, True])
+def test_out_buffers_are_honoured(fortran_out):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 2, 4, 5))
+    dy = rng.standard_normal(x.shape)
+    w = rng.standard_normal((2, 4))
+    make = np.asfortranarray if fortran_out else np.ascontiguousarray
+    y_out, dx_out = make(np.full(x.shape, 7.0)), make(np.full(x.shape, 7.0))
+    y, mean, var = numba_cpu.norm_forward(x, w, None, EPS, out=y_out)
+    dx, dw, db = numba_cpu.norm_backward(dy, x, mean, 1 / np.sqrt(var + EPS), w, out=dx_out)
+    assert y is y_out and dx is dx_out
+    np.testing.assert_array_equal(y, numba_cpu.norm_forward(x, w, None, EPS)[0])
+    np.testing.assert_array_equal(dx, numba_cpu.norm_backward(dy, x, mean, 1 / np.sqrt(var + EPS), w)[0])
+    with pytest.raises(ValueError, match="norm_forward: out has shape"):
+        numba_cpu.norm_forward(x, w, None, EPS, out=np.empty((3, 2, 4, 4)))
+
+
+def test_inputs_are_not_mutated():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 2, 4, 5)).astype(np.float32)
+    dy, w, b = rng.standard_normal(x.shape).astype(np.float32), np.ones((2, 4), np.float32), np.zeros((2, 4))
+    mask = rng.random((3, 5)) < 0.5
+    mean, var = rng.standard_normal((2,)), rng.random((2,))
+    before = [a.copy() for a in (x, dy, w, b, mask, mean, var)]
+    numba_cpu.norm_forward(x, w, b, EPS, reduce_batch=True, mask=mask, stats=(mean, var))
+    numba_cpu.norm_backward(dy, x, mean, var, w, reduce_batch=True, mask=mask)
+    for a, original in zip((x, dy, w, b, mask, mean, var), before):
+        np.testing.assert_array_equal(a, original)
+
+
+def test_mixed_dtypes_follow_the_reference():
+    """float64 dy with float32 x: computed in float64, dx in x's dtype, like the reference."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 1, 6, 1)).astype(np.float32)
+    dy = rng.standard_normal(x.shape)
+    w = rng.standard_normal((1, 6)).astype(np.float32)
+    _, mean, var = reference.norm_forward(x, w, None, EPS)
+    rstd = 1 / np.sqrt(var + EPS)
+    for g, r in zip(numba_cpu.norm_backward(dy, x, mean, rstd, w), reference.norm_backward(dy, x, mean, rstd, w)):
+        assert_close(g, r, np.float32, "mixed dtypes")
+
+
+@given(st.sampled_from([np.float32, np.float64]), st.integers(0, 2**32 - 1), st.integers(1, 50))
+def test_erf_equals_reference(dtype, seed, n):
+    x = (3 * np.random.default_rng(seed).standard_normal((n, 3))).astype(dtype)[:, ::2]
+    x[0, 0] = np.nan
+    got = numba_cpu.erf(x)
+    assert got.dtype == x.dtype
+    want = reference.erf(x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    # numba's math.erf is its own port of erf, not the C library's: the two differ in the last bit
+    # now and then, so the float64 results (and after rounding, the float32 ones) may differ by 1 ULP
+    np.testing.assert_array_max_ulp(got[1:], want[1:], maxulp=1)
+
+
+def test_wrong_shapes_raise_instead_of_reading_out_of_bounds():
+    """The jitted loops do no bounds checks, so the wrappers check every shape first."""
+    x = np.ones((2, 3, 4, 5))
+    mean, rstd = np.zeros((2, 3)), np.ones((2, 3))
+    with pytest.raises(ValueError, match=r"norm_forward: weight has shape \(4,\), expected \(3, 4\)"):
+        numba_cpu.norm_forward(x, np.ones(4), None, EPS)
+    with pytest.raises(ValueError, match="norm_forward: mask has shape"):
+        numba_cpu.norm_forward(x, None, None, EPS, mask=np.ones((2, 4), bool))
+    with pytest.raises(ValueError, match="norm_forward: stats has shape"):
+        numba_cpu.norm_forward(x, None, None, EPS, reduce_batch=True, stats=(np.zeros(2), np.ones(2)))
+    with pytest.raises(ValueError, match="norm_backward: rstd has shape"):
+        numba_cpu.norm_backward(x, x, mean, np.ones(3), None)
+    with pytest.raises(ValueError, match="norm_backward: dy has shape"):
+        numba_cpu.norm_backward(x[:1], x, mean, rstd, None)

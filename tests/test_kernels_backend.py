@@ -1,0 +1,162 @@
+"""Backend selection, lazy compilation, the numba-less fallback, the cache, and the bench harness."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import minigrad_norm as mg
+from minigrad_norm import backend, bench
+from minigrad_norm.cli import main as cli_main
+from minigrad_norm.kernels import reference
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_set_get_and_use_backend():
+    previous = backend._active
+    try:
+        mg.set_backend("numpy")
+        assert mg.get_backend() == "numpy"
+        assert backend.kernels_for(np.ones(2)) is reference
+        mg.set_backend("numba")
+        assert mg.get_backend() == "numba"
+        assert backend.kernels_for(np.ones(2)).__name__ == "minigrad_norm.kernels.numba_cpu"
+        assert backend.kernels_for(np.ones(2, complex)) is reference  # complex step: always the reference
+        with mg.use_backend("numpy"):
+            assert mg.get_backend() == "numpy"
+            with mg.use_backend("numba"):
+                assert mg.get_backend() == "numba"
+            assert mg.get_backend() == "numpy"
+        assert mg.get_backend() == "numba"
+    finally:
+        backend._active = previous
+
+
+def test_use_backend_is_per_thread():
+    seen = []
+    with mg.use_backend("numpy"):
+        worker = threading.Thread(target=lambda: seen.append(mg.get_backend()))
+        worker.start()
+        worker.join()
+        assert mg.get_backend() == "numpy"
+    assert seen == ["numba"]
+
+
+def test_bad_backend_names_raise(monkeypatch):
+    with pytest.raises(ValueError, match="set_backend: unknown backend 'cuda'"):
+        mg.set_backend("cuda")
+    with pytest.raises(ValueError, match="use_backend: unknown backend"), mg.use_backend("torch"):
+        pass
+    monkeypatch.setenv("MINIGRAD_NORM_BACKEND", "fortran")
+    with pytest.raises(ValueError, match="MINIGRAD_NORM_BACKEND: unknown backend 'fortran'"):
+        mg.get_backend()
+
+
+def test_environment_variable_picks_the_backend():
+    out = run_python("import minigrad_norm as mg; print(mg.get_backend())", MINIGRAD_NORM_BACKEND="numpy")
+    assert out.stdout.strip() == "numpy"
+
+
+def test_import_compiles_nothing():
+    """``import minigrad_norm`` imports no numba at all; importing the kernels compiles nothing."""
+    run_python(
+        """
+        import sys
+        import minigrad_norm
+        assert "numba" not in sys.modules, "import minigrad_norm imported numba"
+        from minigrad_norm.kernels import numba_cpu
+        for serial, parallel in numba_cpu._KERNELS.values():
+            assert not serial.signatures and not parallel.signatures
+        """
+    )
+
+
+def test_without_numba_the_numpy_backend_runs_and_says_so_once():
+    out = run_python(
+        """
+        import sys, warnings
+        sys.modules["numba"] = None  # makes "import numba" raise ImportError
+        import numpy as np
+        import minigrad_norm as mg
+        from minigrad_norm.backend import kernels_for
+        from minigrad_norm.kernels import reference
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert mg.get_backend() == "numpy"
+            assert kernels_for(np.ones(3)) is reference
+            assert mg.get_backend() == "numpy"
+        messages = [str(w.message) for w in caught]
+        assert len(messages) == 1 and "numba is unavailable" in messages[0], messages
+        x = np.arange(12.0).reshape(3, 1, 4, 1)
+        y, mean, var = kernels_for(x).norm_forward(x, None, None, 1e-5)
+        assert np.allclose(mean.ravel(), [1.5, 5.5, 9.5])
+        print("ok")
+        """
+    )
+    assert out.stdout.strip() == "ok"
+
+
+def test_second_process_loads_from_the_cache(tmp_path):
+    """cache=True: a second process with the same cache directory compiles nothing."""
+    code = """
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu
+        x = np.ones((3, 1, 4, 1))
+        numba_cpu.norm_forward(x, None, None, 1e-5)
+        serial = numba_cpu._KERNELS["forward"][0]
+        print(len(serial.stats.cache_hits), len(serial.stats.cache_misses))
+    """
+    first = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
+    second = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
+    assert first == ["0", "1"]
+    assert second == ["1", "0"]
+
+
+def test_bench_runs_end_to_end(tmp_path):
+    """A minimal harness run: every implementation, direction and report format (nothing is timed here)."""
+    cases = [bench.layer_norm_case(8, 16), bench.channel_case("group_norm", (2, 4, 3, 3), groups=2)]
+    report = bench.run(
+        cases=cases, sweep=[bench.layer_norm_case(4, 16)], dtypes=["float64"], startup=False, progress=False, quick=True
+    )
+    assert len(report.rows) == len(cases) * 3 and len(report.sweep) == 1
+    for row in report.rows:
+        assert {"numpy", "numba 1t", "numba", "numba out="} <= set(row.ms)
+        assert all(t > 0 for t in row.ms.values())
+    assert report.stream["copy 1t"] > 0 and report.stream["triad 1t"] > 0
+    text = bench.format_report(report, markdown=True)
+    assert "group_norm" in text and "STREAM" in text and report.machine["cpu"] in text
+    json.dumps(report.to_json())
+
+
+def test_bench_problem_views_match_each_norm():
+    """The harness times each norm on the view the norm layers use (reference docstring)."""
+    assert bench.layer_norm_case(8192, 1024).view == (8192, 1, 1024, 1)
+    assert bench.channel_case("group_norm", (32, 64, 56, 56), groups=8).view == (32, 8, 8, 3136)
+    bn = bench.channel_case("batch_norm2d", (32, 64, 56, 56))
+    assert bn.view == (32, 64, 1, 3136) and bn.reduce_batch
+    rms = bench.layer_norm_case(4, 8, rms=True)
+    assert not rms.centered and not rms.has_bias
+
+
+def test_bench_cli_parses():
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["bench", "--help"])
+    assert exc.value.code == 0
