@@ -15,9 +15,9 @@ def _fmt(v: float | None) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from minigrad_norm.check import CASES, run_case
+    from minigrad_norm.check import all_cases, run_case
 
-    cases = [c for c in CASES if not args.only or any(s in c.name for s in args.only)]
+    cases = [c for c in all_cases() if not args.only or any(s in c.name for s in args.only)]
     if not cases:
         print(f"check: no op matches {args.only}", file=sys.stderr)
         return 2
@@ -43,6 +43,96 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if failed == 0 else 1
 
 
+def _model_args_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the model and run options of ``train``/``depth``, checked before any work starts."""
+    sizes = {"--d-model": args.d_model, "--heads": args.heads, "--d-ff": args.d_ff, "--batch-size": args.batch_size}
+    sizes.update({"--layers": min(args.layers)} if isinstance(args.layers, list) else {"--layers": args.layers})
+    bad = [f"{name} {value}" for name, value in sizes.items() if value < 1]
+    if bad:
+        return f"these must be positive: {', '.join(bad)}"
+    if args.d_model % args.heads:
+        return f"--d-model {args.d_model} must be divisible by --heads {args.heads}"
+    if args.plot:
+        from minigrad_norm.train import import_pyplot
+
+        try:
+            import_pyplot(f"{args.command} --plot")
+        except RuntimeError as e:
+            return str(e)
+    return None
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from minigrad_norm.train import TrainConfig, plot_losses, train
+
+    error = _model_args_error(args) or (f"--steps must be positive, got {args.steps}" if args.steps < 1 else None)
+    if error:
+        print(f"train: {error}", file=sys.stderr)
+        return 2
+    fields = TrainConfig.__dataclass_fields__
+    results = []
+    for mode in args.mode:
+        cfg = TrainConfig(mode=mode, **{k: v for k, v in vars(args).items() if k in fields and k != "mode"})
+        result = train(cfg, progress=not args.no_progress)
+        print(result.summary(), flush=True)
+        results.append(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.to_json() for r in results], f, indent=2)
+    if args.plot:
+        plot_losses(results, args.plot)
+        print(f"loss curves written to {args.plot}")
+    return 0
+
+
+def cmd_depth(args: argparse.Namespace) -> int:
+    from minigrad_norm.depth import DepthConfig, format_table, plot, run_experiment, to_json
+
+    error = _model_args_error(args)
+    if error:
+        print(f"depth: {error}", file=sys.stderr)
+        return 2
+    cfg = DepthConfig(
+        layers=tuple(args.layers),
+        modes=tuple(args.mode),
+        norm=args.norm,
+        d_model=args.d_model,
+        heads=args.heads,
+        d_ff=args.d_ff,
+        batch_size=args.batch_size,
+        init=args.init,
+        train_steps=args.train_steps,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    runs = run_experiment(cfg)
+    print(format_table(runs, cfg))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(to_json(runs, cfg), f, indent=2)
+    if args.plot:
+        plot(runs, cfg, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _model_args(p: argparse.ArgumentParser, d_model: int, heads: int, d_ff: int, batch_size: int) -> None:
+    p.add_argument("--norm", choices=["layernorm", "rmsnorm"], default="layernorm")
+    p.add_argument("--d-model", type=int, default=d_model, help=f"model width (default {d_model})")
+    p.add_argument("--heads", type=int, default=heads, help=f"attention heads (default {heads})")
+    p.add_argument("--d-ff", type=int, default=d_ff, help=f"feed-forward width (default {d_ff})")
+    p.add_argument("--batch-size", type=int, default=batch_size, help=f"sequences per batch (default {batch_size})")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and data (default 0)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--plot", metavar="PNG", help="save a plot (needs matplotlib, the 'plot' extra)")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from minigrad_norm.bench import main as bench_main
+
+    return bench_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minigrad-norm", description="Backprop through normalization layers: verify, time, train."
@@ -55,6 +145,51 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
     check.add_argument("--only", nargs="*", metavar="NAME", help="only ops whose name contains one of these")
     check.set_defaults(run=cmd_check)
+
+    bench = sub.add_parser("bench", help="time the norm kernels against STREAM bandwidth, NumPy and PyTorch")
+    bench.add_argument("--quick", action="store_true", help="float32, one shape per norm, few repeats (< 1 min)")
+    bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    bench.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown (benchmarks/RESULTS.md)")
+    bench.add_argument("--plot", metavar="PATH", help="plot time and GB/s against size (needs matplotlib)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--no-startup", action="store_true", help="skip the fresh-process start-up timings")
+    bench.set_defaults(run=cmd_bench)
+
+    train = sub.add_parser("train", help="train a small Transformer LM on a generated sequence task")
+    train.add_argument(
+        "--mode",
+        nargs="+",
+        choices=["pre", "post", "deepnorm"],
+        default=["pre"],
+        help="norm placement; several modes train one after another (default pre)",
+    )
+    train.add_argument("--layers", type=int, default=2, help="number of blocks (default 2)")
+    train.add_argument("--steps", type=int, default=600, help="optimizer steps (default 600)")
+    train.add_argument("--task", choices=["copy", "reverse", "sort"], default="sort", help="(default sort)")
+    train.add_argument("--length", type=int, default=8, help="digits per sequence (default 8)")
+    train.add_argument("--activation", choices=["relu", "gelu"], default="relu")
+    train.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
+    train.add_argument("--warmup", type=int, default=50, help="linear warmup steps (default 50)")
+    train.add_argument("--clip", type=float, default=1.0, help="global grad-norm clip, 0 = off (default 1.0)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _model_args(train, d_model=64, heads=4, d_ff=256, batch_size=32)
+    train.set_defaults(run=cmd_train)
+
+    depth = sub.add_parser("depth", help="gradient norms per layer at initialisation, per norm placement")
+    depth.add_argument("--layers", type=int, nargs="+", default=[6, 12, 24], help="depths (default 6 12 24)")
+    depth.add_argument("--mode", nargs="+", choices=["pre", "post", "deepnorm"], default=["pre", "post", "deepnorm"])
+    depth.add_argument(
+        "--init",
+        choices=["xavier", "torch"],
+        default="xavier",
+        help="Linear init: Xavier-normal as in Xiong et al. (default) or PyTorch's",
+    )
+    depth.add_argument(
+        "--train-steps", type=int, default=0, help="measure after this many AdamW steps (default 0: at init)"
+    )
+    depth.add_argument("--lr", type=float, default=1e-3, help="AdamW lr for --train-steps (default 1e-3)")
+    _model_args(depth, d_model=64, heads=4, d_ff=256, batch_size=16)
+    depth.set_defaults(run=cmd_depth)
     return parser
 
 

@@ -246,4 +246,6 @@ def embedding(indices: Any, weight: Tensor) -> Tensor:
 def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     targets = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
     return CrossEntropy.apply(logits, targets, ignore_index=ignore_index, reduction=reduction)
+
+
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm  # noqa: E402,F401

@@ -8,12 +8,8 @@ from hypothesis import HealthCheck, settings
 
 # "default" keeps the whole suite within CI's budget on 2 cores; "thorough" is for a long local run:
 #   HYPOTHESIS_PROFILE=thorough python -m pytest
-settings.register_profile(
-    "default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile(
-    "thorough", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 

@@ -1,19 +1,32 @@
 """``Module``: parameters, buffers, submodules, train/eval and state dicts, as in PyTorch.
 
-A module's parameters are the Tensors with ``requires_grad`` among its
-attributes, its submodules the Module attributes (and ModuleLists); buffers
+A module's parameters are its ``Parameter`` attributes (Tensors that stay
+parameters when frozen with ``requires_grad = False``, as PyTorch's
+``nn.Parameter``), its submodules the Module attributes (and ModuleLists); buffers
 (running statistics, counters) are plain ndarrays declared with
-``register_buffer``. Names are dotted paths: ``attn.q_proj.weight``.
+``register_buffer``. Names are dotted paths: ``attn.q_proj.weight``. A
+parameter or submodule reachable under two names (weight tying) is listed
+once, under the first name, as in PyTorch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from minigrad_norm.tensor import Tensor
+
+
+class Parameter(Tensor):
+    """A Tensor that a Module owns as a parameter: listed by ``parameters()`` and kept in the
+    state dict whether or not it currently requires grad. Trainable by default."""
+
+    def __init__(self, data: Any, requires_grad: bool = True) -> None:
+        super().__init__(data, requires_grad=requires_grad)
 
 
 class Module:
@@ -32,10 +45,18 @@ class Module:
     # -- registration ----------------------------------------------------------
     def register_buffer(self, name: str, value: np.ndarray | None) -> None:
         """A named array saved in the state dict but not trained (e.g. running_mean)."""
+        if "_buffers" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__}: call super().__init__() before register_buffer")
+        if name in self.__dict__:
+            raise KeyError(f"register_buffer: {type(self).__name__} already has an attribute {name!r}")
         self._buffers[name] = value
 
     def __getattr__(self, name: str) -> Any:
-        buffers = self.__dict__.get("_buffers", {})
+        if "_buffers" not in self.__dict__:
+            raise AttributeError(
+                f"{type(self).__name__} has no attribute {name!r} (did its __init__ call super().__init__()?)"
+            )
+        buffers = self.__dict__["_buffers"]
         if name in buffers:
             return buffers[name]
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
@@ -53,14 +74,23 @@ class Module:
 
     # -- traversal -----------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
-        yield prefix, self
-        for name, child in self.children():
-            yield from child.named_modules(f"{prefix}{name}.")
+        """This module and every submodule once each, with its name prefix (``""``, ``"attn."``, ...)."""
+        seen: set[int] = set()
+        stack: list[tuple[str, Module]] = [(prefix, self)]
+        while stack:
+            name, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            yield name, module
+            stack.extend((f"{name}{child_name}.", child) for child_name, child in reversed(list(module.children())))
 
     def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
+        seen: set[int] = set()
         for prefix, module in self.named_modules():
             for name, value in vars(module).items():
-                if isinstance(value, Tensor) and value.requires_grad:
+                if isinstance(value, Parameter) and id(value) not in seen:
+                    seen.add(id(value))
                     yield f"{prefix}{name}", value
 
     def parameters(self) -> list[Tensor]:
@@ -92,30 +122,38 @@ class Module:
         state.update({name: np.array(b, copy=True) for name, b in self.named_buffers()})
         return state
 
-    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        """Copy ``state`` into the parameters and buffers in place; strict about names and shapes."""
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Copy ``state`` into the parameters and buffers in place; strict about names and shapes.
+
+        Everything is checked before anything is copied, so a failed load
+        leaves the module as it was. Values are cast to each target's dtype.
+        """
         targets: dict[str, np.ndarray] = {name: p.data for name, p in self.named_parameters()}
-        targets.update(dict(self.named_buffers()))
+        targets.update({name: np.asarray(b) for name, b in self.named_buffers()})
         missing = sorted(set(targets) - set(state))
         unexpected = sorted(set(state) - set(targets))
         if missing or unexpected:
             raise KeyError(
                 f"load_state_dict for {type(self).__name__}: missing keys {missing}, unexpected keys {unexpected}"
             )
+        values = {name: np.asarray(state[name]) for name in targets}
         for name, target in targets.items():
-            value = np.asarray(state[name])
-            if value.shape != target.shape:
+            if values[name].shape != target.shape:
                 raise ValueError(
-                    f"load_state_dict for {type(self).__name__}: {name!r} has shape {value.shape} in the "
-                    f"state dict but {target.shape} in the module"
+                    f"load_state_dict for {type(self).__name__}: {name!r} has shape {values[name].shape} in "
+                    f"the state dict but {target.shape} in the module"
                 )
-            target[...] = value
+        for name, target in targets.items():
+            target[...] = values[name]
 
-    def save(self, path: str) -> None:
-        np.savez(path, **self.state_dict())
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the state dict to ``path`` as an ``.npz`` archive (exactly that path: no suffix is added)."""
+        with open(path, "wb") as f:
+            np.savez(f, **self.state_dict())
 
-    def load(self, path: str) -> None:
-        with np.load(path) as f:
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Load a state dict written by ``save`` (strict, as ``load_state_dict``)."""
+        with np.load(path, allow_pickle=False) as f:
             self.load_state_dict({k: f[k] for k in f.files})
 
     def extra_repr(self) -> str:
@@ -153,3 +191,34 @@ class ModuleList(Module):
     def children(self) -> Iterator[tuple[str, Module]]:
         for i, m in enumerate(self._list):
             yield str(i), m
+
+
+@contextlib.contextmanager
+def _swapped_parameters(module: Module, tensors: Mapping[str, Tensor]) -> Iterator[None]:
+    owners = {}
+    for prefix, m in module.named_modules():
+        for name, value in vars(m).items():
+            if isinstance(value, Parameter):
+                owners.setdefault(f"{prefix}{name}", (m, name))
+    unknown = sorted(set(tensors) - set(owners))
+    if unknown:
+        raise KeyError(f"functional_call: {type(module).__name__} has no parameters {unknown}")
+    saved = [(owners[k], getattr(*owners[k])) for k in tensors]
+    try:
+        for k, t in tensors.items():
+            object.__setattr__(*owners[k], t)
+        yield
+    finally:
+        for (m, name), old in saved:
+            object.__setattr__(m, name, old)
+
+
+def functional_call(module: Module, tensors: Mapping[str, Tensor], *args: Any, **kwargs: Any) -> Any:
+    """``module(*args, **kwargs)`` with the named parameters replaced by ``tensors`` for this call only.
+
+    Like ``torch.func.functional_call``: it turns a module into a function of
+    its parameters, which is what ``gradcheck`` needs to differentiate with
+    respect to them.
+    """
+    with _swapped_parameters(module, tensors):
+        return module(*args, **kwargs)

@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.nn.module import Module
+from minigrad_norm.nn.module import Module, Parameter
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from minigrad_norm.norms._function import check_eps
 from minigrad_norm.tensor import Tensor
 
 
-def _param(value: float, shape: tuple[int, ...], dtype: Any) -> Tensor:
-    return Tensor(np.full(shape, value, dtype=dtype), requires_grad=True)
+def _param(value: float, shape: tuple[int, ...], dtype: Any) -> Parameter:
+    return Parameter(np.full(shape, value, dtype=dtype))
 
 
 def _shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:

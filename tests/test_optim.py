@@ -1,0 +1,139 @@
+"""Optimizer update rules against closed forms worked out by hand (no PyTorch needed)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from minigrad_norm.optim import SGD, Adam, AdamW, WarmupSchedule, clip_grad_norm_
+from minigrad_norm.tensor import Tensor
+
+
+def param(values) -> Tensor:
+    return Tensor(np.array(values, dtype=np.float64), requires_grad=True)
+
+
+def run(opt, p: Tensor, grads) -> None:
+    for g in grads:
+        p.grad = np.array(g, dtype=p.dtype)
+        opt.step()
+
+
+def test_sgd_plain_and_l2() -> None:
+    p = param([1.0, -2.0])
+    run(SGD([p], lr=0.1), p, [[0.5, 1.0]])
+    np.testing.assert_allclose(p.data, [1.0 - 0.05, -2.0 - 0.1])
+    p = param([1.0, -2.0])
+    run(SGD([p], lr=0.1, weight_decay=0.5), p, [[0.0, 0.0]])  # L2: the gradient gains 0.5 * p
+    np.testing.assert_allclose(p.data, [1.0 * (1 - 0.05), -2.0 * (1 - 0.05)])
+
+
+def test_sgd_momentum_closed_form() -> None:
+    """Constant gradient g: the buffer after t steps is g (1 + m + ... + m^(t-1))."""
+    m, lr, g = 0.9, 0.1, 2.0
+    p = param([0.0])
+    run(SGD([p], lr=lr, momentum=m), p, [[g]] * 3)
+    assert p.data[0] == pytest.approx(-lr * g * (1 + (1 + m) + (1 + m + m * m)))
+    p = param([0.0])  # Nesterov steps with g + m * buf
+    run(SGD([p], lr=lr, momentum=m, nesterov=True), p, [[g]] * 2)
+    assert p.data[0] == pytest.approx(-lr * ((g + m * g) + (g + m * (1 + m) * g)))
+    p = param([0.0])  # dampening scales every gradient after the first into the buffer
+    run(SGD([p], lr=lr, momentum=m, dampening=0.5), p, [[g]] * 2)
+    assert p.data[0] == pytest.approx(-lr * (g + (m * g + 0.5 * g)))
+
+
+def test_adam_first_step_is_lr_times_sign() -> None:
+    """After bias correction m_hat = g and v_hat = g^2, so the first step is lr * g / (|g| + eps)."""
+    p = param([1.0, 1.0, 1.0])
+    g = np.array([3.0, -0.25, 1e-3])
+    run(Adam([p], lr=0.01, eps=1e-8), p, [g])
+    np.testing.assert_allclose(p.data, 1.0 - 0.01 * g / (np.abs(g) + 1e-8), rtol=1e-12)
+
+
+def test_adam_two_steps_closed_form() -> None:
+    b1, b2, lr, eps = 0.9, 0.999, 0.1, 1e-8
+    g1, g2 = 1.0, -3.0
+    m = (1 - b1) * g1
+    v = (1 - b2) * g1**2
+    expected = 0.0 - lr * (m / (1 - b1)) / (math.sqrt(v / (1 - b2)) + eps)
+    m = b1 * m + (1 - b1) * g2
+    v = b2 * v + (1 - b2) * g2**2
+    expected -= lr * (m / (1 - b1**2)) / (math.sqrt(v / (1 - b2**2)) + eps)
+    p = param([0.0])
+    run(Adam([p], lr=lr), p, [[g1], [g2]])
+    assert p.data[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_adamw_decay_is_decoupled_from_the_gradient() -> None:
+    """With zero gradient, AdamW only shrinks p by (1 - lr wd); Adam's L2 term instead takes a full Adam step."""
+    lr, wd = 0.1, 0.5
+    p = param([2.0, -4.0])
+    run(AdamW([p], lr=lr, weight_decay=wd), p, [[0.0, 0.0]] * 3)
+    np.testing.assert_allclose(p.data, np.array([2.0, -4.0]) * (1 - lr * wd) ** 3, rtol=1e-12)
+    p = param([2.0, -4.0])
+    run(Adam([p], lr=lr, weight_decay=wd), p, [[0.0, 0.0]])
+    np.testing.assert_allclose(p.data, [2.0 - lr, -4.0 + lr], rtol=1e-7)  # lr * sign(wd * p)
+    assert AdamW([param([0.0])]).weight_decay == 0.01  # PyTorch's default
+
+
+def test_parameters_without_grad_are_skipped_and_state_is_per_parameter() -> None:
+    a, b = param([1.0]), param([1.0])
+    opt = Adam([a, b], lr=0.1)
+    a.grad = np.array([1.0])
+    opt.step()
+    assert b.data[0] == 1.0 and opt.steps == [1, 0]
+    a.grad, b.grad = np.array([1.0]), np.array([1.0])
+    opt.step()
+    assert b.data[0] == pytest.approx(1.0 - 0.1)  # b's first step: bias correction with t = 1
+    opt.zero_grad()
+    assert a.grad is None and b.grad is None
+
+
+def test_float32_parameters_stay_float32() -> None:
+    p = Tensor(np.ones(3, dtype=np.float32), requires_grad=True)
+    for cls in (SGD, Adam, AdamW):
+        p.grad = np.full(3, 0.5, dtype=np.float32)
+        cls([p], lr=0.1).step()
+        assert p.data.dtype == np.float32
+
+
+def test_warmup_schedule() -> None:
+    opt = SGD([param([0.0])], lr=1.0)
+    s = WarmupSchedule(opt, warmup_steps=4)
+    assert [s.step() for _ in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    opt = SGD([param([0.0])], lr=2.0)
+    s = WarmupSchedule(opt, warmup_steps=2, total_steps=6, decay="linear")
+    assert [s.step() for _ in range(7)] == pytest.approx([1.0, 2.0, 1.5, 1.0, 0.5, 0.0, 0.0])
+    opt = SGD([param([0.0])], lr=1.0)
+    s = WarmupSchedule(opt, warmup_steps=1, total_steps=3, decay="cosine")
+    assert [s.step() for _ in range(3)] == pytest.approx([1.0, 0.5, 0.0])
+    with pytest.raises(ValueError, match="total_steps"):
+        WarmupSchedule(opt, 5, 5, decay="cosine")
+
+
+def test_clip_grad_norm() -> None:
+    a, b = param([0.0, 0.0]), param([0.0])
+    a.grad, b.grad = np.array([3.0, 0.0]), np.array([4.0])
+    assert clip_grad_norm_([a, b], 1.0) == pytest.approx(5.0)
+    np.testing.assert_allclose(np.concatenate([a.grad, b.grad]), np.array([3.0, 0.0, 4.0]) / (5.0 + 1e-6))
+    a.grad, b.grad = np.array([0.3, 0.0]), np.array([0.4])
+    assert clip_grad_norm_([a, b], 1.0) == pytest.approx(0.5)
+    np.testing.assert_array_equal(a.grad, [0.3, 0.0])  # below the limit: untouched
+    a.grad = np.array([np.inf, 0.0])
+    with pytest.raises(RuntimeError, match="non"):
+        clip_grad_norm_([a], 1.0, error_if_nonfinite=True)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="learning rate"):
+        SGD([param([0.0])], lr=-1.0)
+    with pytest.raises(ValueError, match="betas"):
+        Adam([param([0.0])], betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="empty"):
+        AdamW([])
+    with pytest.raises(TypeError, match="parameter 0 is not a leaf Tensor"):
+        SGD([param([0.0]) * 2.0], lr=0.1)
+    with pytest.raises(ValueError, match="nesterov"):
+        SGD([param([0.0])], lr=0.1, nesterov=True)

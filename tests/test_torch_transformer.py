@@ -1,0 +1,235 @@
+"""Cross-checks against PyTorch: blocks (outputs and every gradient) and optimizer steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is the optional cross-check peer for blocks and optimizers")
+
+from minigrad_norm.nn import TransformerBlock  # noqa: E402
+from minigrad_norm.nn.transformer import MODES, NORMS  # noqa: E402
+from minigrad_norm.optim import SGD, Adam, AdamW, clip_grad_norm_  # noqa: E402
+from minigrad_norm.tensor import Tensor  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+D, H, FF, B, T = 8, 2, 16, 2, 5
+
+
+def t64(a: np.ndarray) -> torch.Tensor:
+    return torch.tensor(a, dtype=torch.float64)
+
+
+def copy_(dst: torch.Tensor, src: Tensor) -> None:
+    with torch.no_grad():
+        dst.copy_(t64(src.data))
+
+
+def copy_weights(ours: TransformerBlock, attn, fc1, fc2, norm1, norm2) -> None:
+    """Our block's parameters into torch modules (q, k, v stacked into MultiheadAttention's in_proj)."""
+    a = ours.attn
+    copy_(
+        attn.in_proj_weight, Tensor(np.concatenate([a.q_proj.weight.data, a.k_proj.weight.data, a.v_proj.weight.data]))
+    )
+    copy_(attn.in_proj_bias, Tensor(np.concatenate([a.q_proj.bias.data, a.k_proj.bias.data, a.v_proj.bias.data])))
+    pairs = [
+        (attn.out_proj, a.out_proj),
+        (fc1, ours.ffn.fc1),
+        (fc2, ours.ffn.fc2),
+        (norm1, ours.norm1),
+        (norm2, ours.norm2),
+    ]
+    for theirs, mine in pairs:
+        copy_(theirs.weight, mine.weight)
+        if getattr(theirs, "bias", None) is not None:
+            copy_(theirs.bias, mine.bias)
+
+
+def run_ours(block: TransformerBlock, x: np.ndarray, g: np.ndarray, pad: np.ndarray | None = None):
+    xt = Tensor(x, requires_grad=True)
+    y = block(xt, key_padding_mask=pad)
+    y.backward(g)
+    return y.data, xt.grad, {n: p.grad for n, p in block.named_parameters()}
+
+
+def causal_mask() -> torch.Tensor:
+    return torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)  # True = may not attend
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("mode", ["pre", "post"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_block_matches_transformer_encoder_layer(mode: str, activation: str, padded: bool) -> None:
+    rng = np.random.default_rng(0)
+    ours = TransformerBlock(D, H, FF, mode=mode, activation=activation, dtype=np.float64, rng=rng)
+    for p in (ours.norm1.weight, ours.norm1.bias, ours.norm2.weight, ours.norm2.bias):
+        p.data[...] = rng.uniform(0.5, 1.5, p.shape) if p is ours.norm1.weight else rng.uniform(-0.5, 0.5, p.shape)
+    ref = torch.nn.TransformerEncoderLayer(
+        D, H, FF, dropout=0.0, activation=activation, batch_first=True, norm_first=(mode == "pre"), dtype=torch.float64
+    )
+    copy_weights(ours, ref.self_attn, ref.linear1, ref.linear2, ref.norm1, ref.norm2)
+    ref.train()  # no inference fast path
+
+    x, g = rng.standard_normal((B, T, D)), rng.standard_normal((B, T, D))
+    pad = None
+    if padded:
+        pad = np.zeros((B, T), dtype=bool)
+        pad[1, -2:] = True
+    y, dx, grads = run_ours(ours, x, g, pad)
+
+    xt = t64(x).requires_grad_()
+    kpm = None if pad is None else torch.tensor(pad)
+    yt = ref(xt, src_mask=causal_mask(), src_key_padding_mask=kpm)
+    yt.backward(t64(g))
+    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-9, atol=1e-12)
+    q, k, v = np.split(ref.self_attn.in_proj_weight.grad.numpy(), 3)
+    qb, kb, vb = np.split(ref.self_attn.in_proj_bias.grad.numpy(), 3)
+    expected = {
+        "attn.q_proj.weight": q,
+        "attn.k_proj.weight": k,
+        "attn.v_proj.weight": v,
+        "attn.q_proj.bias": qb,
+        "attn.k_proj.bias": kb,
+        "attn.v_proj.bias": vb,
+        "attn.out_proj.weight": ref.self_attn.out_proj.weight.grad,
+        "attn.out_proj.bias": ref.self_attn.out_proj.bias.grad,
+        "ffn.fc1.weight": ref.linear1.weight.grad,
+        "ffn.fc1.bias": ref.linear1.bias.grad,
+        "ffn.fc2.weight": ref.linear2.weight.grad,
+        "ffn.fc2.bias": ref.linear2.bias.grad,
+        "norm1.weight": ref.norm1.weight.grad,
+        "norm1.bias": ref.norm1.bias.grad,
+        "norm2.weight": ref.norm2.weight.grad,
+        "norm2.bias": ref.norm2.bias.grad,
+    }
+    assert set(expected) == set(grads)
+    for name, want in expected.items():
+        np.testing.assert_allclose(grads[name], np.asarray(want), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+class TorchBlock(torch.nn.Module):
+    """Every mode and norm assembled from torch modules (MultiheadAttention, Linear, LayerNorm/RMSNorm)."""
+
+    def __init__(self, ours: TransformerBlock, activation: str) -> None:
+        super().__init__()
+        self.mode, self.alpha, self.activation = ours.mode, ours.alpha, activation
+        self.attn = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64)
+        self.fc1 = torch.nn.Linear(D, FF, dtype=torch.float64)
+        self.fc2 = torch.nn.Linear(FF, D, dtype=torch.float64)
+        make = (
+            (lambda: torch.nn.RMSNorm(D, eps=1e-5, dtype=torch.float64))
+            if ours.norm == "rmsnorm"
+            else (lambda: torch.nn.LayerNorm(D, eps=1e-5, dtype=torch.float64))
+        )
+        self.norm1, self.norm2 = make(), make()
+        copy_weights(ours, self.attn, self.fc1, self.fc2, self.norm1, self.norm2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def sa(z: torch.Tensor) -> torch.Tensor:
+            return self.attn(z, z, z, attn_mask=causal_mask(), need_weights=False)[0]
+
+        def ff(z: torch.Tensor) -> torch.Tensor:
+            h = self.fc1(z)
+            return self.fc2(torch.relu(h) if self.activation == "relu" else torch.nn.functional.gelu(h))
+
+        if self.mode == "pre":
+            x = x + sa(self.norm1(x))
+            return x + ff(self.norm2(x))
+        x = self.norm1(self.alpha * x + sa(x))
+        return self.norm2(self.alpha * x + ff(x))
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_and_norm_matches_a_block_of_torch_modules(mode: str, norm: str, activation: str) -> None:
+    rng = np.random.default_rng(1)
+    ours = TransformerBlock(
+        D, H, FF, mode=mode, norm=norm, activation=activation, num_layers=4, dtype=np.float64, rng=rng
+    )
+    for name, p in ours.named_parameters():
+        if name.startswith("norm"):
+            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    ref = TorchBlock(ours, activation)
+    x, g = rng.standard_normal((B, T, D)), rng.standard_normal((B, T, D))
+    y, dx, grads = run_ours(ours, x, g)
+    xt = t64(x).requires_grad_()
+    yt = ref(xt)
+    yt.backward(t64(g))
+    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-9, atol=1e-12)
+    dq, dk, dv = np.split(ref.attn.in_proj_weight.grad.numpy(), 3)
+    np.testing.assert_allclose(grads["attn.q_proj.weight"], dq, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(grads["attn.k_proj.weight"], dk, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(grads["attn.v_proj.weight"], dv, rtol=1e-9, atol=1e-12)
+    for name, mod in [
+        ("attn.out_proj", ref.attn.out_proj),
+        ("ffn.fc1", ref.fc1),
+        ("ffn.fc2", ref.fc2),
+        ("norm1", ref.norm1),
+        ("norm2", ref.norm2),
+    ]:
+        np.testing.assert_allclose(
+            grads[f"{name}.weight"], mod.weight.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name
+        )
+        if getattr(mod, "bias", None) is not None:
+            np.testing.assert_allclose(
+                grads[f"{name}.bias"], mod.bias.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name
+            )
+
+
+# -- optimizers ----------------------------------------------------------------------------------------------
+OPTIMIZERS = [
+    (SGD, torch.optim.SGD, {"lr": 0.1}),
+    (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}),
+    (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.8, "dampening": 0.3}),
+    (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.1}),
+    (Adam, torch.optim.Adam, {"lr": 1e-2}),
+    (Adam, torch.optim.Adam, {"lr": 1e-2, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}),
+    (AdamW, torch.optim.AdamW, {"lr": 1e-2}),
+    (AdamW, torch.optim.AdamW, {"lr": 3e-2, "betas": (0.9, 0.95), "weight_decay": 0.2}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(("ours_cls", "torch_cls", "kwargs"), OPTIMIZERS)
+def test_optimizer_steps_match_torch(ours_cls, torch_cls, kwargs, dtype) -> None:
+    rng = np.random.default_rng(0)
+    shapes = [(3, 4), (4,), (2, 2, 3)]
+    ours = [Tensor(rng.standard_normal(s).astype(dtype), requires_grad=True) for s in shapes]
+    theirs = [torch.tensor(p.data.copy(), requires_grad=True) for p in ours]
+    opt, topt = ours_cls(ours, **kwargs), torch_cls(theirs, **kwargs, foreach=False)
+    for step in range(6):
+        lr = kwargs["lr"] * (0.5 + 0.1 * step)  # a changing learning rate, as under a schedule
+        opt.lr = lr
+        for group in topt.param_groups:
+            group["lr"] = lr
+        for k, (p, tp) in enumerate(zip(ours, theirs, strict=True)):
+            if step == 2 and k == 1:  # a parameter without a gradient this step is skipped by both
+                p.grad, tp.grad = None, None
+                continue
+            g = rng.standard_normal(p.shape).astype(dtype)
+            p.grad, tp.grad = g.copy(), torch.tensor(g)
+        opt.step()
+        topt.step()
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    for p, tp in zip(ours, theirs, strict=True):
+        assert p.dtype == dtype
+        np.testing.assert_allclose(p.data, tp.detach().numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clip_grad_norm_matches_torch(max_norm: float) -> None:
+    rng = np.random.default_rng(0)
+    ours = [Tensor(np.zeros(s), requires_grad=True) for s in [(3, 4), (5,)]]
+    theirs = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in [(3, 4), (5,)]]
+    for p, tp in zip(ours, theirs, strict=True):
+        g = rng.standard_normal(p.shape)
+        p.grad, tp.grad = g.copy(), torch.tensor(g)
+    total = clip_grad_norm_(ours, max_norm)
+    ttotal = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    assert total == pytest.approx(float(ttotal), rel=1e-12)
+    for p, tp in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(p.grad, tp.grad.numpy(), rtol=1e-12)
