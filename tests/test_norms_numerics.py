@@ -127,3 +127,31 @@ def test_inputs_are_never_written_to(training: bool, rng) -> None:
         frozen.flags.writeable = False
     ts = [Tensor(a, requires_grad=True) for a in (x, w, b)]
     batch_norm(ts[0], None, None, ts[1], ts[2], training=True).backward(g)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("op", ["batch_norm", "instance_norm"])
+def test_nan_under_the_mask_reaches_nothing(op: str, backend: str, rng) -> None:
+    """Masked-out positions are padding: whatever they hold (NaN, inf) must not reach any
+    statistic, output or gradient, including the weight and bias gradients."""
+    from minigrad_norm import use_backend
+
+    x = rng.standard_normal((3, 2, 6))
+    mask = np.ones((3, 6), dtype=bool)
+    mask[0, 4:] = mask[2, 5] = False
+    x[0, :, 4] = np.nan
+    x[0, :, 5] = np.inf
+    x[2, 1, 5] = -np.inf
+    g = rng.standard_normal(x.shape)
+    g[0, 0, 4] = np.nan  # an upstream gradient at padding is ignored too
+    fn = {
+        "batch_norm": lambda t, w, b: batch_norm(t, None, None, w, b, training=True, mask=mask),
+        "instance_norm": lambda t, w, b: instance_norm(t, weight=w, bias=b, mask=mask),
+    }[op]
+    with use_backend(backend):
+        ts = [Tensor(a, requires_grad=True) for a in (x, rng.standard_normal(2), rng.standard_normal(2))]
+        y = fn(*ts)
+        outs = [y.data, *grad(y, ts, g)]
+    for a in outs:
+        assert np.isfinite(a).all()
+    assert (outs[0][np.broadcast_to(~mask[:, None, :], x.shape)] == 0).all()

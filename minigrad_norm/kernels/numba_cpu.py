@@ -131,15 +131,16 @@ def _row_sums(dy, x, w, mu, r, pdw, pdb):
 @_helper
 def _dy_sums(dy, x, m, has_mask, wk, mu, r):
     """Over a run of S values sharing the weight wk: sum(dy) and sum(dy * xhat) for dbias/dweight,
-    sum(dxhat) and sum(dxhat * xhat) for dx (dxhat = dy * wk), like the reference: dy is 0 where
-    masked out, but dweight still adds 0 * xhat there (as the reference does)."""
+    sum(dxhat) and sum(dxhat * xhat) for dx (dxhat = dy * wk), like the reference: masked-out
+    positions count as dy = xhat = 0, so whatever they hold (even NaN) reaches no sum."""
     a = 0.0
     b = 0.0
     wa = 0.0
     wb = 0.0
     for i in range(dy.shape[0]):
-        xh = (x[i] - mu) * r
-        dyv = dy[i] if not has_mask or m[i] else 0.0
+        valid = not has_mask or m[i]
+        xh = (x[i] - mu) * r if valid else 0.0
+        dyv = dy[i] if valid else 0.0
         dxh = dyv * wk
         a += dyv
         b += dyv * xh

@@ -147,6 +147,8 @@ def norm_backward(
     if m4 is not None:
         dya = np.where(m4, dya, 0)
     xhat = (x.astype(acc, copy=False) - (mean4 if centered or fixed_stats else 0)) * rstd4
+    if m4 is not None:  # masked-out values (even NaN) must reach no sum
+        xhat = np.where(m4, xhat, 0)
     dxhat = dya * weight[None, :, :, None] if weight is not None else dya
 
     if fixed_stats:
