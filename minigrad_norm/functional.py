@@ -48,27 +48,28 @@ class GELU(Function):
     @staticmethod
     def forward(ctx: Context, x: np.ndarray, approximate: str = "none") -> np.ndarray:
         ctx.approximate = approximate
-        ctx.save_for_backward(x)
         if approximate == "tanh":
             t = np.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_C * x * x * x))
+            ctx.save_for_backward(x, t)
             return 0.5 * x * (1 + t)
         if np.iscomplexobj(x):
             raise TypeError(
                 "gelu: the exact erf form has no complex implementation here; "
                 "use approximate='tanh' or method='central'"
             )
-        return 0.5 * x * (1 + kernels_for(x).erf(x * np.asarray(1 / math.sqrt(2), dtype=x.dtype)))
+        cdf = 0.5 * (1 + kernels_for(x).erf(x * np.asarray(1 / math.sqrt(2), dtype=x.dtype)))
+        ctx.save_for_backward(x, cdf)  # saving Phi(x) spares the backward a second erf
+        return x * cdf
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
-        (x,) = ctx.saved_tensors
+        x, saved = ctx.saved_tensors
         if ctx.approximate == "tanh":
-            t = np.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_C * x * x * x))
+            t = saved
             dy = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * _GELU_TANH_C * x * x)
         else:
-            cdf = 0.5 * (1 + kernels_for(x).erf(x * np.asarray(1 / math.sqrt(2), dtype=x.dtype)))
             pdf = np.exp(-0.5 * x * x) * np.asarray(1 / math.sqrt(2 * math.pi), dtype=x.dtype)
-            dy = cdf + x * pdf
+            dy = saved + x * pdf
         return g * dy
 
 

@@ -1,0 +1,66 @@
+"""The engine's activations, softmax, linear, embedding and loss against torch.nn.functional (float64)."""
+
+import numpy as np
+import pytest
+
+import minigrad_norm.functional as F
+from minigrad_norm import Tensor
+
+torch = pytest.importorskip("torch", reason="PyTorch is an optional test peer: pip install torch==2.13.0")
+TF = torch.nn.functional
+
+
+def both(fn_ours, fn_torch, *arrays, int_args=()):
+    """Run both frameworks on the same float64 inputs with the same random upstream gradient."""
+    ours = [Tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    y = fn_ours(*ours, *int_args)
+    yt = fn_torch(*theirs, *(torch.tensor(i) for i in int_args))
+    g = np.random.default_rng(7).standard_normal(y.shape)
+    y.backward(g)
+    yt.backward(torch.tensor(g))
+    np.testing.assert_allclose(y.data, yt.detach().numpy(), rtol=1e-12, atol=1e-13)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.grad, b.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.fixture
+def x(rng):
+    return rng.standard_normal((3, 4, 5)) * 3
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu(x, approximate):
+    both(lambda t: F.gelu(t, approximate=approximate), lambda t: TF.gelu(t, approximate=approximate), x)
+
+
+def test_relu(x):
+    both(F.relu, TF.relu, x)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_and_log_softmax(x, axis):
+    both(lambda t: F.softmax(t, axis=axis), lambda t: TF.softmax(t, dim=axis), x)
+    both(lambda t: F.log_softmax(t, axis=axis), lambda t: TF.log_softmax(t, dim=axis), x)
+
+
+def test_linear(x, rng):
+    both(F.linear, TF.linear, x, rng.standard_normal((6, 5)), rng.standard_normal(6))
+
+
+def test_embedding(rng):
+    idx = np.array([[0, 3, 3], [1, 0, 2]])
+    both(lambda w: F.embedding(idx, w), lambda w: TF.embedding(torch.tensor(idx), w), rng.standard_normal((4, 3)))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_ignore_index_and_spatial_dims(rng, reduction):
+    logits = rng.standard_normal((4, 5, 3))
+    targets = rng.integers(0, 5, (4, 3))
+    targets[1, 2] = targets[3, 0] = -100
+    both(
+        lambda z, t: F.cross_entropy(z, t, reduction=reduction),
+        lambda z, t: TF.cross_entropy(z, t, reduction=reduction),
+        logits,
+        int_args=(targets,),
+    )
