@@ -111,7 +111,9 @@ def all_cases() -> list[CheckCase]:
 
 
 def shapes_of(inputs: Inputs) -> str:
-    return " ".join("x".join(map(str, t.shape)) or "()" for t in inputs)
+    """The input shapes, e.g. ``3x1x4 2x4``; past three inputs (a block's parameters) only a count."""
+    shapes = ["x".join(map(str, t.shape)) or "()" for t in inputs]
+    return " ".join(shapes) if len(shapes) <= 3 else f"{shapes[0]} +{len(shapes) - 1} params"
 
 
 def run_case(case: CheckCase, seed: int = 0) -> CheckResult:
