@@ -95,13 +95,18 @@ class Softmax(Function):
         return y * (g - np.sum(g * y, axis=ctx.axis, keepdims=True))
 
 
+def log_softmax_array(x: np.ndarray, axis: int) -> np.ndarray:
+    """x - logsumexp(x) along ``axis``, shifted by the (real part's) max so exp cannot overflow."""
+    shifted = x - np.max(x.real, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
 class LogSoftmax(Function):
     """y = x - logsumexp(x) along ``axis``;  dL/dx = g - softmax(x) * sum(g)."""
 
     @staticmethod
     def forward(ctx: Context, x: np.ndarray, axis: int = -1) -> np.ndarray:
-        shifted = x - np.max(x.real, axis=axis, keepdims=True)
-        y = shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+        y = log_softmax_array(x, axis)
         ctx.axis = axis
         ctx.save_for_backward(y)
         return y
@@ -193,9 +198,7 @@ class CrossEntropy(Function):
         counted = targets != ignore_index
         if np.any((targets[counted] < 0) | (targets[counted] >= n_classes)):
             raise IndexError(f"cross_entropy: target out of range for {n_classes} classes")
-        z = np.moveaxis(logits, 1, -1)  # (..., C)
-        shifted = z - np.max(z.real, axis=-1, keepdims=True)
-        log_p = shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+        log_p = log_softmax_array(np.moveaxis(logits, 1, -1), axis=-1)  # classes last: (..., C)
         safe_t = np.where(counted, targets, 0)
         nll = -np.take_along_axis(log_p, safe_t[..., None], axis=-1)[..., 0] * counted
         ctx.reduction, ctx.count = reduction, int(counted.sum())
