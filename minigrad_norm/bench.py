@@ -20,7 +20,7 @@ same way (copy 2 arrays, triad 3 arrays), so "% of copy/triad" compares like
 with like. The kernels are called at the ndarray level on each norm's 4-D view
 (see ``minigrad_norm.kernels.reference``), as the norm layers call them.
 
-    minigrad-norm bench [--quick] [--json PATH] [--markdown PATH] [--plot PATH]
+    minigrad-norm bench [--quick] [--json PATH] [--markdown PATH] [--plot PATH] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -614,9 +614,22 @@ def plot(report: Report, path: str) -> None:
     plt.close(fig)
 
 
+NORMS = ("layer_norm", "rms_norm", "batch_norm2d", "instance_norm2d", "group_norm")
+
+
+def selected_cases(quick: bool, only: Sequence[str] | None = None) -> tuple[list[Case], list[Case]]:
+    """The listed (or quick) cases and the size sweep, keeping only the norms named in ``only`` (all if None)."""
+    keep = set(only or NORMS)
+    if keep - set(NORMS):
+        raise ValueError(f"bench --only: unknown norm {sorted(keep - set(NORMS))}; the norms are {', '.join(NORMS)}")
+    cases = quick_cases() if quick else listed_cases()
+    return [c for c in cases if c.norm in keep], [c for c in sweep_cases(quick) if c.norm in keep]
+
+
 def main(args: Any) -> int:
     """``minigrad-norm bench``: run, print the table, write the requested files."""
-    report = run(quick=args.quick, progress=not args.no_progress, startup=not args.no_startup)
+    cases, sweep = selected_cases(args.quick, args.only)
+    report = run(quick=args.quick, cases=cases, sweep=sweep, progress=not args.no_progress, startup=not args.no_startup)
     print(format_report(report))
     if args.json:
         with open(args.json, "w") as f:

@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="PATH", help="plot time and GB/s against size (needs matplotlib)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("--no-startup", action="store_true", help="skip the fresh-process start-up timings")
+    bench.add_argument("--only", nargs="+", metavar="NAME", help="only these norms, e.g. layer_norm group_norm")
     bench.set_defaults(run=cmd_bench)
 
     train = sub.add_parser("train", help="train a small Transformer LM on a generated sequence task")

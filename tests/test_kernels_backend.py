@@ -156,6 +156,16 @@ def test_bench_problem_views_match_each_norm():
     assert not rms.centered and not rms.has_bias
 
 
+def test_bench_only_selects_norms():
+    cases, sweep = bench.selected_cases(quick=False, only=["group_norm", "rms_norm"])
+    assert {c.norm for c in cases} == {"group_norm", "rms_norm"} and len(cases) == 5
+    assert sweep == []  # the sweep is LayerNorm's
+    cases, sweep = bench.selected_cases(quick=True, only=None)
+    assert {c.norm for c in cases} == set(bench.NORMS) and {c.norm for c in sweep} == {"layer_norm"}
+    with pytest.raises(ValueError, match="bench --only: unknown norm"):
+        bench.selected_cases(quick=True, only=["batch_norm"])
+
+
 def test_bench_cli_parses():
     with pytest.raises(SystemExit) as exc:
         cli_main(["bench", "--help"])

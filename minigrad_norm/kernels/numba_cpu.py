@@ -19,8 +19,10 @@ an InstanceNorm/GroupNorm block, a BatchNorm channel of N*S values), so DRAM see
 Design points, each one tested in ``tests/test_kernels.py``:
 
 * Statistics accumulate in float64 for float32 and float64 data, like the reference.
-  The elementwise passes use the reference's exact operation order, so y equals the
-  reference up to the rounding of mean/var (different summation order).
+  The forward's elementwise pass uses the reference's operation order, so y equals the
+  reference up to the rounding of mean/var (different summation order). The backward
+  forms dxhat = dy * w in the data's dtype (the reference in float64): for float32 that
+  adds one float32 rounding per element, well inside the tested 4.8e-7 relative bound.
 * Only the reduction helpers (``@_helper``: one pass over one contiguous run, returning
   sums) carry a fastmath flag, ``reassoc``, which lets LLVM vectorize a sum by splitting
   it into lanes. Reordering a sum cannot turn NaN or +-inf into a finite number (a NaN,
@@ -33,7 +35,7 @@ Design points, each one tested in ``tests/test_kernels.py``:
   chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so
   the result is bit-identical on 1 or many threads.
 * Every kernel is compiled twice from one Python function: ``parallel=True`` for big
-  inputs, serial for small ones (a parallel region costs a few microseconds). Both
+  inputs, serial for small ones (waking the thread pool costs tens of microseconds). Both
   run the same loops, so they give the same bits.
 * ``cache=True`` and compiled on first call: importing this module compiles nothing.
 * Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
@@ -54,7 +56,10 @@ from numba import prange
 from minigrad_norm.kernels import reference
 
 # Below this many elements the serial compile runs: the parallel launch costs more than it saves.
-PARALLEL_MIN_ELEMENTS = 1 << 15
+# With OMP_WAIT_POLICY=PASSIVE (see minigrad_norm.backend) waking the pool costs ~35 us per parallel
+# region on the 2-core machine; a float32 LayerNorm fwd+bwd (D = 1024, L2-resident) breaks even on
+# 2 threads at ~2^18 elements (measured: serial 1.5x faster at 2^16, 1.7x slower at 2^20).
+PARALLEL_MIN_ELEMENTS = 1 << 18
 # dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks.
 _MIN_TERMS_PER_CHUNK = 16
 _TARGET_ITEMS = 64
@@ -180,6 +185,12 @@ def _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, mu, square):
 @numba.njit(cache=True, error_model="numpy", inline="always")
 def _group_stats(x3, mask2, has_mask, centered, n0, n1, g, K, S):
     """(mean, var) of x3[n0:n1, g] over the valid values, in two passes."""
+    if n1 == n0 + 1 and not has_mask:
+        # one contiguous block (a LayerNorm row...): the two passes directly, without the per-block
+        # loops and counts below, which cost a sixth of the forward time of a 128-value row
+        xb = x3[n0, g]
+        mu = _sum(xb) / xb.shape[0] if centered else 0.0
+        return mu, _sum_sq_dev(xb, mu) / xb.shape[0]
     count = _group_count(mask2, has_mask, n0, n1, K, S)
     mu = _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, 0.0, False) / count if centered else 0.0
     return mu, _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, mu, True) / count
