@@ -19,10 +19,10 @@ an InstanceNorm/GroupNorm block, a BatchNorm channel of N*S values), so DRAM see
 Design points, each one tested in ``tests/test_kernels.py``:
 
 * Statistics accumulate in float64 for float32 and float64 data, like the reference.
-  The forward's elementwise pass uses the reference's operation order, so y equals the
-  reference up to the rounding of mean/var (different summation order). The backward
-  forms dxhat = dy * w in the data's dtype (the reference in float64): for float32 that
-  adds one float32 rounding per element, well inside the tested 4.8e-7 relative bound.
+  The elementwise passes use the reference's operation order, in float64
+  (``np.float64(dy[i])``; in numba ``float()`` of a float32 stays float32): dxhat = dy * w
+  rounded to float32 would be amplified by rstd, up to 1/sqrt(eps) for a constant group.
+  So y and dx equal the reference up to the rounding of the statistics and sums.
 * Only the reduction helpers (``@_helper``: one pass over one contiguous run, returning
   sums) carry a fastmath flag, ``reassoc``, which lets LLVM vectorize a sum by splitting
   it into lanes. Reordering a sum cannot turn NaN or +-inf into a finite number (a NaN,
@@ -125,7 +125,7 @@ def _row_sums(dy, x, w, mu, r, pdw, pdb):
     b = 0.0
     for i in range(dy.shape[0]):
         xh = (x[i] - mu) * r
-        dxh = dy[i] * w[i]
+        dxh = np.float64(dy[i]) * w[i]
         a += dxh
         b += dxh * xh
         pdw[i] += dy[i] * xh
@@ -145,7 +145,7 @@ def _dy_sums(dy, x, m, has_mask, wk, mu, r):
     for i in range(dy.shape[0]):
         valid = not has_mask or m[i]
         xh = (x[i] - mu) * r if valid else 0.0
-        dyv = dy[i] if valid else 0.0
+        dyv = np.float64(dy[i]) if valid else 0.0
         dxh = dyv * wk
         a += dyv
         b += dyv * xh
@@ -257,10 +257,10 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S, fa
     if fast_row:
         if fixed:
             for k in range(K):
-                dxb[k] = dyb[k] * w[k] * r
+                dxb[k] = np.float64(dyb[k]) * w[k] * r
         else:
             for k in range(K):
-                dxb[k] = ((dyb[k] * w[k] - (xb[k] - mu) * r * proj) - mdx) * r
+                dxb[k] = ((np.float64(dyb[k]) * w[k] - (xb[k] - mu) * r * proj) - mdx) * r
         return
     for k in range(K):
         xs = xb[k * S : (k + 1) * S]
@@ -269,11 +269,11 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S, fa
         wk = w[k]
         if fixed:
             for s in range(S):
-                dxs[s] = dys[s] * wk * r
+                dxs[s] = np.float64(dys[s]) * wk * r
         else:
             for s in range(S):
                 xh = (xs[s] - mu) * r
-                dxs[s] = ((dys[s] * wk - xh * proj) - mdx) * r
+                dxs[s] = ((np.float64(dys[s]) * wk - xh * proj) - mdx) * r
         if has_mask:
             for s in range(S):
                 if not mrow[s]:
@@ -346,9 +346,22 @@ def _backward_kernel(dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, h
                 )
 
 
-def _erf_kernel(x, y):
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _gelu_forward_kernel(x, y, cdf):
     for i in prange(x.shape[0]):
-        y[i] = math.erf(float(x[i]))  # in float64, then rounded, like the reference
+        xi = np.float64(x[i])  # in float64, then rounded, like the reference
+        c = 0.5 * (1.0 + math.erf(xi * _SQRT_HALF))
+        cdf[i] = c
+        y[i] = xi * c
+
+
+def _gelu_backward_kernel(g, x, cdf, dx):
+    for i in prange(x.shape[0]):
+        xi = np.float64(x[i])
+        dx[i] = g[i] * (np.float64(cdf[i]) + xi * math.exp(-0.5 * xi * xi) * _INV_SQRT_2PI)
 
 
 def _compile(py_func: Callable, parallel: bool) -> Callable:
@@ -362,7 +375,12 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
 
 _KERNELS = {
     name: (_compile(f, False), _compile(f, True))
-    for name, f in (("forward", _forward_kernel), ("backward", _backward_kernel), ("erf", _erf_kernel))
+    for name, f in (
+        ("forward", _forward_kernel),
+        ("backward", _backward_kernel),
+        ("gelu_forward", _gelu_forward_kernel),
+        ("gelu_backward", _gelu_backward_kernel),
+    )
 }
 
 
@@ -532,11 +550,21 @@ def norm_backward(
     return dx, pdw.sum(axis=0).astype(weight.dtype), pdb.sum(axis=0).astype(weight.dtype)
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    """The error function, elementwise, in x's dtype (math.erf in float64, like the reference)."""
+def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's ``gelu_forward`` in one fused pass: ``(y, cdf)``."""
     if x.dtype not in _KERNEL_DTYPES:
-        return reference.erf(x)
+        return reference.gelu_forward(x)
     flat = np.ascontiguousarray(x).reshape(-1)
-    y = np.empty(flat.shape, dtype=x.dtype)
-    _kernel("erf", flat.size)(flat, y)
-    return y.reshape(x.shape)
+    y, cdf = np.empty_like(flat), np.empty_like(flat)
+    _kernel("gelu_forward", flat.size)(flat, y, cdf)
+    return y.reshape(x.shape), cdf.reshape(x.shape)
+
+
+def gelu_backward(g: np.ndarray, x: np.ndarray, cdf: np.ndarray) -> np.ndarray:
+    """The reference's ``gelu_backward`` in one fused pass."""
+    if not g.dtype == x.dtype == cdf.dtype or x.dtype not in _KERNEL_DTYPES or not g.shape == x.shape == cdf.shape:
+        return reference.gelu_backward(g, x, cdf)
+    flat = [np.ascontiguousarray(a).reshape(-1) for a in (g, x, cdf)]
+    dx = np.empty_like(flat[0])
+    _kernel("gelu_backward", dx.size)(*flat, dx)
+    return dx.reshape(x.shape)
