@@ -57,9 +57,9 @@ class GELU(Function):
                 "gelu: the exact erf form has no complex implementation here; "
                 "use approximate='tanh' or method='central'"
             )
-        y, cdf = kernels_for(x).gelu_forward(x)  # one fused pass: y = x * Phi(x), and Phi(x)
+        cdf = 0.5 * (1 + kernels_for(x).erf(x * np.asarray(1 / math.sqrt(2), dtype=x.dtype)))
         ctx.save_for_backward(x, cdf)  # saving Phi(x) spares the backward a second erf
-        return y
+        return x * cdf
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
@@ -67,8 +67,10 @@ class GELU(Function):
         if ctx.approximate == "tanh":
             t = saved
             dy = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * _GELU_TANH_C * x * x)
-            return g * dy
-        return kernels_for(x, g).gelu_backward(g, x, saved)  # g * (Phi(x) + x * phi(x))
+        else:
+            pdf = np.exp(-0.5 * x * x) * np.asarray(1 / math.sqrt(2 * math.pi), dtype=x.dtype)
+            dy = saved + x * pdf
+        return g * dy
 
 
 class Softmax(Function):

@@ -262,29 +262,16 @@ def test_mixed_dtypes_follow_the_reference():
 
 
 @given(st.sampled_from([np.float32, np.float64]), st.integers(0, 2**32 - 1), st.integers(1, 50))
-def test_gelu_equals_reference(dtype, seed, n):
-    rng = np.random.default_rng(seed)
-    x = (3 * rng.standard_normal((n, 3))).astype(dtype)[:, ::2]  # non-contiguous
+def test_erf_equals_reference(dtype, seed, n):
+    x = (3 * np.random.default_rng(seed).standard_normal((n, 3))).astype(dtype)[:, ::2]
     x[0, 0] = np.nan
-    g = rng.standard_normal(x.shape).astype(dtype)
-    y, cdf = numba_cpu.gelu_forward(x)
-    y_ref, cdf_ref = reference.gelu_forward(x)
-    dx = numba_cpu.gelu_backward(g, x, cdf)
-    dx_ref = reference.gelu_backward(g, x, cdf_ref)
-    # numba's math.erf is its own port of erf (and math.exp LLVM's), not the C library's or NumPy's:
-    # they differ in the last bit now and then. That is 1 ULP of erf and exp, so 1 ULP of y and cdf;
-    # dx = g * (cdf + x * pdf) cancels for negative x, so its bound is relative to the terms' size.
-    ok = ~np.isnan(x)
-    eps = np.finfo(dtype).eps
-    terms = np.abs(g) * (np.abs(cdf_ref) + np.abs(x * np.exp(-0.5 * x.astype(np.float64) ** 2)))
-    for got, want, bound in (
-        (y, y_ref, 2 * eps * np.abs(y_ref)),
-        (cdf, cdf_ref, 2 * eps * cdf_ref),
-        (dx, dx_ref, 4 * eps * terms),
-    ):
-        assert got.dtype == dtype and got.shape == x.shape
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        assert np.all(np.abs(got[ok] - want[ok]) <= bound[ok])
+    got = numba_cpu.erf(x)
+    assert got.dtype == x.dtype
+    want = reference.erf(x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    # numba's math.erf is its own port of erf, not the C library's: the two differ in the last bit
+    # now and then, so the float64 results (and after rounding, the float32 ones) may differ by 1 ULP
+    np.testing.assert_array_max_ulp(got[1:], want[1:], maxulp=1)
 
 
 def test_wrong_shapes_raise_instead_of_reading_out_of_bounds():

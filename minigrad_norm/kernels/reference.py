@@ -41,25 +41,11 @@ import math
 import numpy as np
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
-_SQRT_HALF = math.sqrt(0.5)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """GELU, exact form: ``cdf = Phi(x) = (1 + erf(x / sqrt2)) / 2``, ``y = x * cdf``.
-
-    Returns ``(y, cdf)`` in x's dtype (computed in float64): ``cdf`` is what
-    the backward needs, so it is saved rather than recomputed.
-    """
-    xa = x.astype(np.float64, copy=False)
-    cdf = 0.5 * (1.0 + _erf(xa * _SQRT_HALF))
-    return (xa * cdf).astype(x.dtype), cdf.astype(x.dtype)
-
-
-def gelu_backward(g: np.ndarray, x: np.ndarray, cdf: np.ndarray) -> np.ndarray:
-    """dL/dx = g * (Phi(x) + x * phi(x)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi); in g's dtype."""
-    xa = x.astype(np.float64, copy=False)
-    return (g * (cdf.astype(np.float64) + xa * np.exp(-0.5 * xa * xa) * _INV_SQRT_2PI)).astype(g.dtype)
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function, elementwise, in x's dtype."""
+    return _erf(x).astype(x.dtype, copy=False)
 
 
 def _stat_axes(reduce_batch: bool) -> tuple[int, ...]:
