@@ -35,7 +35,7 @@ import numpy as np
 import minigrad_norm.functional as F
 from minigrad_norm.data import SequenceTask
 from minigrad_norm.nn.transformer import MODES, TransformerLM
-from minigrad_norm.optim import AdamW
+from minigrad_norm.optim import AdamW, global_norm
 from minigrad_norm.tensor import Tensor
 
 
@@ -75,10 +75,6 @@ class DepthRun:
         return self.bottom_to_top ** (1.0 / max(1, self.layers - 1))
 
 
-def _norm(*arrays: np.ndarray) -> float:
-    return math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays))
-
-
 def measure(cfg: DepthConfig, mode: str, n_layers: int) -> DepthRun:
     """Gradient norms per layer of one model on one batch (float64 throughout), at init or after training steps."""
     task = SequenceTask("reverse", 10, cfg.length)
@@ -113,9 +109,9 @@ def measure(cfg: DepthConfig, mode: str, n_layers: int) -> DepthRun:
     loss.backward()
     run = DepthRun(mode, n_layers, loss.item())
     for block, h in zip(model.blocks, hidden, strict=True):
-        run.param.append(_norm(*(p.grad for p in block.parameters())))
-        run.ffn_fc2.append(_norm(block.ffn.fc2.weight.grad))
-        run.residual.append(_norm(h.grad))
+        run.param.append(global_norm(p.grad for p in block.parameters()))
+        run.ffn_fc2.append(global_norm([block.ffn.fc2.weight.grad]))
+        run.residual.append(global_norm([h.grad]))
     return run
 
 

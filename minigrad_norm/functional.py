@@ -73,6 +73,11 @@ class GELU(Function):
         return g * dy
 
 
+def softmax_grad(y: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
+    """dL/dx of y = softmax(x) along ``axis``, from y and g = dL/dy:  y * (g - sum(g * y))."""
+    return y * (g - np.sum(g * y, axis=axis, keepdims=True))
+
+
 class Softmax(Function):
     """y_i = exp(x_i) / sum_j exp(x_j) along ``axis``;  dL/dx = y * (g - sum(g * y)).
 
@@ -92,7 +97,7 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
         (y,) = ctx.saved_tensors
-        return y * (g - np.sum(g * y, axis=ctx.axis, keepdims=True))
+        return softmax_grad(y, g, ctx.axis)
 
 
 def log_softmax_array(x: np.ndarray, axis: int) -> np.ndarray:

@@ -52,14 +52,12 @@ class Optimizer:
         if not lr >= 0.0:
             raise ValueError(f"{type(self).__name__}: invalid learning rate lr={lr}")
         self.lr = lr
-        self.step_count = 0
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
 
     def step(self) -> None:
-        self.step_count += 1
         for i, p in enumerate(self.params):
             if p.grad is not None:
                 self.update(i, p, p.grad)
@@ -196,6 +194,11 @@ class WarmupSchedule:
         return self.optimizer.lr
 
 
+def global_norm(arrays: Iterable[np.ndarray]) -> float:
+    """sqrt(sum over arrays of ||a||^2), accumulated in float64: the 2-norm of all of them as one vector."""
+    return math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays))
+
+
 def clip_grad_norm_(params: Iterable[Tensor], max_norm: float, error_if_nonfinite: bool = False) -> float:
     """Scale all gradients together so that their global 2-norm is at most ``max_norm``; return the norm before.
 
@@ -205,7 +208,7 @@ def clip_grad_norm_(params: Iterable[Tensor], max_norm: float, error_if_nonfinit
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    total = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads))
+    total = global_norm(grads)
     if error_if_nonfinite and not math.isfinite(total):
         raise RuntimeError(f"clip_grad_norm_: the total gradient norm is {total}; set error_if_nonfinite=False to clip")
     coef = max_norm / (total + 1e-6)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from minigrad_norm.functional import softmax_grad
 from minigrad_norm.nn.linear import Linear
 from minigrad_norm.nn.module import Module
 from minigrad_norm.tensor import Context, Function, Tensor
@@ -74,7 +75,7 @@ class Attention(Function):
         gh = _split_heads(g, ctx.n_heads)
         dv = p.swapaxes(-1, -2) @ gh
         dp = gh @ vh.swapaxes(-1, -2)
-        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+        ds = softmax_grad(p, dp, axis=-1)
         ds *= ctx.scale
         dq = ds @ kh
         dk = ds.swapaxes(-1, -2) @ qh
