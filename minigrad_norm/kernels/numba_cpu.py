@@ -18,11 +18,24 @@ an InstanceNorm/GroupNorm block, a BatchNorm channel of N*S values), so DRAM see
 
 Design points, each one tested in ``tests/test_kernels.py``:
 
-* Statistics accumulate in float64 for float32 and float64 data, like the reference.
-  The elementwise passes use the reference's operation order, in float64
-  (``np.float64(dy[i])``; in numba ``float()`` of a float32 stays float32): dxhat = dy * w
-  rounded to float32 would be amplified by rstd, up to 1/sqrt(eps) for a constant group.
-  So y and dx equal the reference up to the rounding of the statistics and sums.
+* Every sum (mean, variance, A, B, dweight, dbias) accumulates in float64, for float32 and
+  float64 data alike, as in the reference (``np.float64(dy[i])``: in numba ``float()`` of a
+  float32 stays float32).
+* The passes that write an output (y, dx) compute in the data's dtype, in the reference's
+  operation order: for float32 data that is 16 lanes of an AVX-512 register instead of 8
+  and no conversions, 15-30 % off the LayerNorm forward and backward. The mean enters as a
+  float32 pair, ``(x - mu_hi) - mu_lo`` (see ``_split``), so a large mean next to a small
+  spread costs nothing. For float64 data this is the reference's arithmetic. For float32,
+  with u = 2^-24 and every quantity below the exact (float64) one, each element is off
+  from the reference by at most
+      y:   8 u (|xhat * w| + |b|)
+      dx:  16 u rstd (|dxhat| + |xhat| * mean|dxhat * xhat| + mean|dxhat|)     (means over the group)
+  counting the roundings of the float32 operations (about one u per operation, on the
+  terms, not on the possibly cancelled result) plus the reference's own final rounding.
+  ``tests/test_kernels.py`` holds the kernels to exactly these bounds. They are relative
+  to the terms: where y or dx is a small difference of large terms (a bias cancelling
+  xhat * w, a group of one value where dx is exactly 0 but dxhat * rstd is large) the
+  relative error of the result can be large, as it is in PyTorch's float32 kernels.
 * Only the reduction helpers (``@_helper``: one pass over one contiguous run, returning
   sums) carry a fastmath flag, ``reassoc``, which lets LLVM vectorize a sum by splitting
   it into lanes. Reordering a sum cannot turn NaN or +-inf into a finite number (a NaN,
@@ -52,6 +65,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 from numba import prange
+from numba.extending import overload
 
 from minigrad_norm.kernels import reference
 
@@ -67,6 +81,29 @@ _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 _sum_flags = {"reassoc"}
 _helper = numba.njit(cache=True, error_model="numpy", fastmath=_sum_flags, inline="never")
+
+
+def _in_dtype_of(a, v):
+    """``v`` converted to the element type of array ``a`` (jitted code only, see the overload below)."""
+    raise NotImplementedError("_in_dtype_of runs inside jitted code only")
+
+
+@overload(_in_dtype_of, inline="always")
+def _in_dtype_of_impl(a, v):
+    dtype = a.dtype
+    return lambda a, v: dtype(v)
+
+
+@numba.njit(cache=True, inline="always")
+def _split(x, mu):
+    """The mean as mu_hi + mu_lo in x's dtype, mu_hi = mu rounded, mu_lo the rounding error rounded:
+    (x - mu_hi) - mu_lo is x - mu to a rounding or two of the *result*, however large mu is next to
+    x - mu (float32 x = 1e4 + N(0, 1): mu_hi alone would be off by up to 5e-4). For float64 data
+    mu_lo is 0 and this is x - mu exactly as the reference computes it. An infinite or NaN mean has
+    no rounding error to carry: mu_lo = 0, and x - mu gives the reference's inf/NaN."""
+    hi = _in_dtype_of(x, mu)
+    lo = _in_dtype_of(x, mu - hi) if math.isfinite(mu) else _in_dtype_of(x, 0.0)
+    return hi, lo
 
 
 # ---------------------------------------------------------------------------
@@ -130,6 +167,20 @@ def _row_sums(dy, x, w, mu, r, pdw, pdb):
         b += dxh * xh
         pdw[i] += dy[i] * xh
         pdb[i] += dy[i]
+    return a, b
+
+
+@_helper
+def _row_dx_sums(dy, x, w, mu, r):
+    """``_row_sums`` for a weight that gets no gradient (LayerNorm without affine, a frozen weight):
+    the same two sums without the partial rows' read-modify-write, which costs as much as the rest
+    of the pass."""
+    a = 0.0
+    b = 0.0
+    for i in range(dy.shape[0]):
+        dxh = np.float64(dy[i]) * w[i]
+        a += dxh
+        b += dxh * ((x[i] - mu) * r)
     return a, b
 
 
@@ -198,14 +249,16 @@ def _group_stats(x3, mask2, has_mask, centered, n0, n1, g, K, S):
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
 def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
-    """y = (x - mean) * rstd * w + b on one (n, g) block; 0 where masked out."""
+    """y = (x - mean) * rstd * w + b on one (n, g) block, in x's dtype; 0 where masked out."""
+    mh, ml = _split(xb, mu)
+    r = _in_dtype_of(xb, r)
     if S == 1:
         if has_b:
             for k in range(K):
-                yb[k] = (xb[k] - mu) * r * w[k] + b[k]
+                yb[k] = ((xb[k] - mh) - ml) * r * w[k] + b[k]
         else:
             for k in range(K):
-                yb[k] = (xb[k] - mu) * r * w[k]
+                yb[k] = ((xb[k] - mh) - ml) * r * w[k]
     else:
         for k in range(K):
             xs = xb[k * S : (k + 1) * S]
@@ -214,10 +267,10 @@ def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
             if has_b:
                 bk = b[k]
                 for s in range(S):
-                    ys[s] = (xs[s] - mu) * r * wk + bk
+                    ys[s] = ((xs[s] - mh) - ml) * r * wk + bk
             else:
                 for s in range(S):
-                    ys[s] = (xs[s] - mu) * r * wk
+                    ys[s] = ((xs[s] - mh) - ml) * r * wk
     if has_mask:
         for k in range(K):
             ys = yb[k * S : (k + 1) * S]
@@ -227,16 +280,16 @@ def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
-def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb, fast_row):
-    """A = sum(dxhat), B = sum(dxhat * xhat) over x3[n0:n1, g] (valid positions), adding
-    sum(dy * xhat) and sum(dy) per k into the partial buffers pdw, pdb."""
+def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb, affine, fast_row):
+    """A = sum(dxhat), B = sum(dxhat * xhat) over x3[n0:n1, g] (valid positions), adding (with
+    ``affine``) sum(dy * xhat) and sum(dy) per k into the partial buffers pdw, pdb."""
     A = 0.0
     B = 0.0
     for n in range(n0, n1):
         xb = x3[n, g]
         dyb = dy3[n, g]
         if fast_row:
-            a, b = _row_sums(dyb, xb, w, mu, r, pdw, pdb)
+            a, b = _row_sums(dyb, xb, w, mu, r, pdw, pdb) if affine else _row_dx_sums(dyb, xb, w, mu, r)
             A += a
             B += b
         else:
@@ -246,21 +299,27 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
                 )
                 A += wa
                 B += wb
-                pdw[k] += b
-                pdb[k] += a
+                if affine:
+                    pdw[k] += b
+                    pdb[k] += a
     return A, B
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
 def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S, fast_row):
-    """dx = ((dxhat - xhat * proj) - mdx) * rstd  (or dxhat * rstd with fixed statistics) on one block."""
+    """dx = ((dxhat - xhat * proj) - mdx) * rstd  (or dxhat * rstd with fixed statistics) on one block,
+    in x's dtype."""
+    mh, ml = _split(xb, mu)
+    r = _in_dtype_of(xb, r)
+    proj = _in_dtype_of(xb, proj)
+    mdx = _in_dtype_of(xb, mdx)
     if fast_row:
         if fixed:
             for k in range(K):
-                dxb[k] = np.float64(dyb[k]) * w[k] * r
+                dxb[k] = dyb[k] * w[k] * r
         else:
             for k in range(K):
-                dxb[k] = ((np.float64(dyb[k]) * w[k] - (xb[k] - mu) * r * proj) - mdx) * r
+                dxb[k] = ((dyb[k] * w[k] - ((xb[k] - mh) - ml) * r * proj) - mdx) * r
         return
     for k in range(K):
         xs = xb[k * S : (k + 1) * S]
@@ -269,11 +328,10 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S, fa
         wk = w[k]
         if fixed:
             for s in range(S):
-                dxs[s] = np.float64(dys[s]) * wk * r
+                dxs[s] = dys[s] * wk * r
         else:
             for s in range(S):
-                xh = (xs[s] - mu) * r
-                dxs[s] = ((np.float64(dys[s]) * wk - xh * proj) - mdx) * r
+                dxs[s] = ((dys[s] * wk - ((xs[s] - mh) - ml) * r * proj) - mdx) * r
         if has_mask:
             for s in range(S):
                 if not mrow[s]:
@@ -311,7 +369,9 @@ def _forward_kernel(
             _normalize_block(x3[n, g], y3[n, g], w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
 
 
-def _backward_kernel(dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, pdw, pdb, K, S):
+def _backward_kernel(
+    dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pdw, pdb, K, S
+):
     N, G, _ = x3.shape
     n_chunks = pdw.shape[0]
     rows = (N + n_chunks - 1) // n_chunks
@@ -334,12 +394,12 @@ def _backward_kernel(dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, h
             proj = 0.0
             mdx = 0.0
             if not fixed:
-                A, B = _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, fast_row)
+                A, B = _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, affine, fast_row)
                 count = _group_count(mask2, has_mask, n0, n1, K, S)
                 proj = B / count
                 mdx = A / count if use_mean else 0.0
-            else:  # only the dweight/dbias sums
-                _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, fast_row)
+            elif affine:  # only the dweight/dbias sums
+                _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, True, fast_row)
             for n in range(n0, n1):
                 _dx_block(
                     dy3[n, g], x3[n, g], dx3[n, g], wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, fast_row
@@ -504,8 +564,10 @@ def norm_backward(
     N, G, K, S = x.shape
     L = K * S
     n_chunks = _n_chunks(N, G, S, reduce_batch)
-    pdw = np.empty((n_chunks, G, K))
-    pdb = np.empty((n_chunks, G, K))
+    affine = weight is not None and need_affine_grads
+    # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them
+    pdw = np.empty((n_chunks, G, K if affine else 0))
+    pdb = np.empty_like(pdw)
     dx = _out_buffer(out, x.shape, common, "norm_backward") if common == x.dtype else np.empty(x.shape, common)
     _kernel("backward", x.size)(
         np.ascontiguousarray(dy, dtype=common).reshape(N, G, L),
@@ -519,6 +581,7 @@ def norm_backward(
         mask is not None,
         fixed_stats,
         dx.reshape(N, G, L),
+        affine,
         pdw,
         pdb,
         K,
@@ -528,7 +591,7 @@ def norm_backward(
         dx = _finish(dx.astype(x.dtype), out)
     else:
         dx = _finish(dx, out)
-    if weight is None or not need_affine_grads:
+    if not affine:
         return dx, None, None
     # the partial sums added in chunk order: the same bits on any number of threads
     return dx, pdw.sum(axis=0).astype(weight.dtype), pdb.sum(axis=0).astype(weight.dtype)
