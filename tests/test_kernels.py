@@ -202,6 +202,18 @@ def test_float32_large_mean_is_subtracted_exactly(reduce_batch):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_many_layer_norm_rows_per_chunk(dtype):
+    """3000 rows, 47 per dweight/dbias chunk (the last chunk ragged): the partial sums over many rows."""
+    rng = np.random.default_rng(8)
+    x = (3.0 + rng.standard_normal((3000, 1, 37, 1))).astype(dtype)
+    w = rng.standard_normal((1, 37)).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    case = dict(x=x, dy=dy, weight=w, bias=w[:, ::-1].copy(), reduce_batch=False, mask=None, eval_stats=False)
+    for centered in (True, False):
+        check_case({**case, "centered": centered, "need_affine_grads": True})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_parallel_path_equals_reference_and_serial(monkeypatch, dtype):
     """The parallel compile (used above PARALLEL_MIN_ELEMENTS) gives the serial compile's bits."""
     rng = np.random.default_rng(0)
