@@ -12,13 +12,19 @@ over repeated runs of
     numba out=   the numba kernels on all threads, preallocated outputs
     torch 1t     PyTorch CPU eager on one thread (when torch is installed), allocating
     torch        PyTorch CPU eager on all threads, allocating
+    copy x       a plain numba copy of x into a preallocated array, all threads: the bytes a
+                 forward moves, in the same rounds, so in the same cache state as the kernels
 
 Effective GB/s count the minimal bytes: forward reads x and writes y (2 |x|
 bytes), backward reads x and dy and writes dx (3 |x|), forward+backward 5 |x|
 (statistics and affine parameters are negligible). STREAM counts its bytes the
 same way (copy 2 arrays, triad 3 arrays), so "% of copy/triad" compares like
-with like. The kernels are called at the ndarray level on each norm's 4-D view
-(see ``minigrad_norm.kernels.reference``), as the norm layers call them.
+with like. STREAM streams arrays of twice the L3 back to back; a kernel call on
+tens of MiB after other work rarely gets that rate, so each row also times
+"copy x" and reports the kernel against it ("% copy x": the GB/s of numba out=
+over the GB/s of copying x, at the same moment and in the same cache state).
+The kernels are called at the ndarray level on each norm's 4-D view (see
+``minigrad_norm.kernels.reference``), as the norm layers call them.
 
     minigrad-norm bench [--quick] [--json PATH] [--markdown PATH] [--plot PATH] [--only NAME ...]
 """
@@ -46,7 +52,7 @@ from minigrad_norm.kernels import reference
 EPS = 1e-5
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
 BYTES_PER_X = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
-IMPLS = ("numpy", "numba 1t", "numba", "numba out=", "torch 1t", "torch")
+IMPLS = ("numpy", "numba 1t", "numba", "numba out=", "torch 1t", "torch", "copy x")
 DRAM_SIZED_BYTES = 16 * 2**20
 
 
@@ -299,7 +305,11 @@ class Row:
 
     def gbps(self, impl: str) -> float | None:
         t = self.ms.get(impl)
-        return None if t is None else self.bytes / (t * 1e-3) / 1e9
+        if t is None:
+            return None
+        # the copy moves 2 |x| whatever the direction
+        moved = 2 * self.bytes // BYTES_PER_X[self.direction] if impl == "copy x" else self.bytes
+        return moved / (t * 1e-3) / 1e9
 
 
 def machine_description() -> dict[str, Any]:
@@ -380,10 +390,12 @@ def time_case(
     from minigrad_norm.kernels import numba_cpu
 
     reps, budget = (3, 0.05) if quick else (7, 1.5)
+    x_flat, copy_to = p.x.reshape(-1), np.empty(p.x.size, p.x.dtype)
     plan: dict[str, tuple[int, Callable[[], Any]]] = {
         "numba 1t": (1, kernel_runner(numba_cpu, p, direction, True)),
         "numba": (all_threads, kernel_runner(numba_cpu, p, direction, False)),
         "numba out=": (all_threads, kernel_runner(numba_cpu, p, direction, True)),
+        "copy x": (all_threads, lambda: stream.copy_kernel(x_flat, copy_to)),
     }
     if torch is not None:
         plan["torch 1t"] = (1, torch_runner(torch, p, direction))
@@ -471,7 +483,7 @@ def run(
         if problem is None or problem.case != case or problem.dtype != np.dtype(dtype):
             problem = None  # free the previous arrays first
             problem = Problem.make(case, np.dtype(dtype))
-        sweep_impls = [i for i in impls if i in ("numpy", "numba", "numba out=", "torch")]
+        sweep_impls = [i for i in impls if i in ("numpy", "numba", "numba out=", "torch", "copy x")]
         row = time_case(problem, direction, torch, stream, all_threads, quick, sweep_impls if in_sweep else impls)
         (sweep_rows if in_sweep else rows).append(row)
     times = {}
@@ -500,10 +512,16 @@ def _percent(row: Row, impl: str, stream: str) -> float | None:
     return None if gbps is None else 100 * gbps / row.stream[stream]
 
 
+def _copy_x_percent(row: Row) -> float | None:
+    """GB/s of numba out= as a percentage of a plain copy of x timed in the same rounds."""
+    kernel, copy = row.gbps("numba out="), row.gbps("copy x")
+    return None if kernel is None or copy is None else 100 * kernel / copy
+
+
 def format_table(report: Report, markdown: bool = False) -> str:
     """The results as a table: times, GB/s and fraction of STREAM for numba, and ratios."""
     head = ["norm", "shape", "dtype", "dir"] + [f"{i} ms" for i in IMPLS]
-    head += ["copy GB/s", "out= GB/s", "% copy", "% triad", "x numpy", "x torch"]
+    head += ["copy GB/s", "out= GB/s", "% copy", "% triad", "% copy x", "x numpy", "x torch"]
     lines = []
     for r in report.rows + report.sweep:
         lines.append(
@@ -514,6 +532,7 @@ def format_table(report: Report, markdown: bool = False) -> str:
                 _f(r.gbps("numba out="), ".1f"),
                 _f(_percent(r, "numba out=", "copy"), ".0f"),
                 _f(_percent(r, "numba out=", "triad"), ".0f"),
+                _f(_copy_x_percent(r), ".0f"),
                 _f(_ratio(r.ms.get("numpy"), r.ms.get("numba out=")), ".1f"),
                 _f(_ratio(r.ms.get("torch"), r.ms.get("numba")), ".1f"),
             ]
@@ -552,6 +571,8 @@ def target_summary(report: Report) -> list[str]:
         f"{span([_ratio(r.ms.get('torch'), r.ms.get('numba')) for r in fb], 'x')}; target >= 2x",
         f"fwd at DRAM sizes, numba out=, % of copy: {span([_percent(r, 'numba out=', 'copy') for r in fwd], '%')}; "
         "target >= 80%",
+        f"  (the same against a copy of x timed alongside: fwd {span([_copy_x_percent(r) for r in fwd], '%')}, "
+        f"fwd+bwd {span([_copy_x_percent(r) for r in fb], '%')})",
         f"numpy / numba out=, every listed shape and direction: "
         f"{span([_ratio(r.ms.get('numpy'), r.ms.get('numba out=')) for r in report.rows], 'x')}; target >= 5x",
     ]
@@ -576,6 +597,8 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "'out=' = preallocated; torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
         "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|); '% copy'/'% triad' compare it with STREAM copy/triad on all "
         "threads, timed just before that row ('copy GB/s'); the other implementations are timed round-robin; "
+        "'% copy x' compares it with 'copy x', a plain copy of x (the bytes of a forward) timed in the same "
+        "rounds; "
         "'x numpy' = numpy / numba out=, 'x torch' = torch / numba (both allocating, "
         "all threads). The LayerNorm D=1024 rows at the end are the size sweep.",
         "",

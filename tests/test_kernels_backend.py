@@ -138,7 +138,10 @@ def test_bench_runs_end_to_end(tmp_path):
     )
     assert len(report.rows) == len(cases) * 3 and len(report.sweep) == 1
     for row in report.rows:
-        assert {"numpy", "numba 1t", "numba", "numba out="} <= set(row.ms)
+        assert {"numpy", "numba 1t", "numba", "numba out=", "copy x"} <= set(row.ms)
+        # the copy moves 2 |x| in every direction, the kernels 2, 3 or 5 |x|
+        copied = 2 * row.bytes / bench.BYTES_PER_X[row.direction]
+        assert row.gbps("copy x") == pytest.approx(copied / row.ms["copy x"] / 1e6)
         assert all(t > 0 for t in row.ms.values())
     assert report.stream["copy 1t"] > 0 and report.stream["triad 1t"] > 0
     text = bench.format_report(report, markdown=True)
