@@ -2,7 +2,8 @@
 
 Everything is timed side by side in one process, because the machine is shared
 and noisy: a STREAM-style copy and triad (numba kernels, preallocated float64
-arrays, 1 thread and all threads) give the bandwidth limit; then for each norm,
+arrays, 1 thread and all threads, ordinary stores like the norm kernels': see
+``_stream_kernels`` for why not memcpy's) give the bandwidth limit; then for each norm,
 shape, dtype and direction (forward, backward, forward+backward) the median time
 over repeated runs of
 
@@ -156,45 +157,61 @@ class Threads:
 # STREAM
 
 
-def _stream_kernels() -> tuple[Callable, Callable]:
+def _stream_kernels() -> tuple[Callable, Callable, Callable]:
+    """copy and triad with ordinary stores, as the norm kernels write; and memcpy, for reference.
+
+    Written as ``c[i] = a[i]``, a copy loop is replaced by LLVM with a call to ``memcpy``, and
+    glibc's memcpy switches to non-temporal stores above a size threshold: those skip the
+    read-for-ownership of each destination line, so the copy moves 2 bytes over the memory bus for
+    each 2 it counts, where an ordinary store moves 3 (copy) or 4 for 3 (triad). On a 2-core VM with
+    1 GiB arrays, memcpy ran at 49.6 GB/s, the ordinary copy at 28.0 and the triad at 31.7: a
+    kernel writing its output with ordinary stores was being held to a rate it cannot reach.
+    ``+ 0.0`` keeps the loop (x + 0.0 is not x for x = -0.0, so LLVM cannot drop the add)."""
     import numba
 
     @numba.njit(parallel=True, cache=True)
     def stream_copy(a, c):
         for i in numba.prange(a.shape[0]):
-            c[i] = a[i]
+            c[i] = a[i] + 0.0
 
     @numba.njit(parallel=True, cache=True)
     def stream_triad(a, b, c, s):
         for i in numba.prange(a.shape[0]):
             a[i] = b[i] + s * c[i]
 
-    return stream_copy, stream_triad
+    @numba.njit(parallel=True, cache=True)
+    def stream_memcpy(a, c):
+        for i in numba.prange(a.shape[0]):
+            c[i] = a[i]
+
+    return stream_copy, stream_triad, stream_memcpy
 
 
 class Stream:
-    """STREAM copy (c = a) and triad (a = b + s c) on float64 arrays of twice the L3 size each (once
-    with --quick): allocated and faulted in once, then timed whenever asked."""
+    """STREAM copy (c = a) and triad (a = b + s c), with ordinary stores, on float64 arrays of twice
+    the L3 size each (once with --quick): allocated and faulted in once, then timed whenever asked.
+    "memcpy" is the copy done by memcpy (non-temporal stores at these sizes), reported beside them."""
 
     def __init__(self, quick: bool):
         n = max(2**22 if quick else 2**23, (1 if quick else 2) * _l3_bytes() // 8)
-        self.copy_kernel, self.triad_kernel = _stream_kernels()
+        self.copy_kernel, self.triad_kernel, memcpy_kernel = _stream_kernels()
         self.a, self.b, self.c = np.ones(n), np.full(n, 2.0), np.zeros(n)
-        self.bytes = {"copy": 2 * self.a.nbytes, "triad": 3 * self.a.nbytes}
+        self.bytes = {"copy": 2 * self.a.nbytes, "triad": 3 * self.a.nbytes, "memcpy": 2 * self.a.nbytes}
+        self.kernels = {
+            "copy": lambda: self.copy_kernel(self.a, self.c),
+            "triad": lambda: self.triad_kernel(self.a, self.b, self.c, 3.0),
+            "memcpy": lambda: memcpy_kernel(self.a, self.c),
+        }
 
-    def copy(self) -> None:
-        self.copy_kernel(self.a, self.c)
-
-    def triad(self) -> None:
-        self.triad_kernel(self.a, self.b, self.c, 3.0)
-
-    def measure(self, n_threads: Sequence[int], budget_s: float) -> dict[str, float]:
-        """GB/s of copy and triad on each thread count."""
+    def measure(
+        self, n_threads: Sequence[int], budget_s: float, names: Sequence[str] = ("copy", "triad")
+    ) -> dict[str, float]:
+        """GB/s of each named kernel on each thread count."""
         out = {}
         for t in n_threads:
-            for name, fn in (("copy", self.copy), ("triad", self.triad)):
+            for name in names:
                 with Threads(t):
-                    out[f"{name} {t}t"] = self.bytes[name] / median_time(fn, 3, budget_s) / 1e9
+                    out[f"{name} {t}t"] = self.bytes[name] / median_time(self.kernels[name], 3, budget_s) / 1e9
         return out
 
 
@@ -475,7 +492,7 @@ def run(
     jobs = [(c, d, direction, False) for c in cases for d in dtypes for direction in DIRECTIONS]
     jobs += [(c, "float32", "fwd+bwd", True) for c in sweep]
     stream = Stream(quick)
-    bandwidth = stream.measure(sorted({1, all_threads}), 0.3 if quick else 1.0)
+    bandwidth = stream.measure(sorted({1, all_threads}), 0.3 if quick else 1.0, ("copy", "triad", "memcpy"))
     rows: list[Row] = []
     sweep_rows: list[Row] = []
     problem: Problem | None = None
@@ -553,8 +570,8 @@ def format_table(report: Report, markdown: bool = False) -> str:
 def target_summary(report: Report) -> list[str]:
     """The issue's targets, read off this run. DRAM-sized: x alone is at least ``DRAM_SIZED_BYTES`` (x, y,
     dy and dx together 64 MiB or more: twice the 32 MiB L3 of a typical server core complex). Not the
-    reported L3 size: a VM may report a whole socket's (480 MiB on one of ours), of which it holds
-    little; its STREAM rate on arrays twice that size equals its copy rate on 32 MiB arrays."""
+    reported L3 size: a VM may report a whole socket's (480 MiB on one of ours), of which it holds an
+    unknown share."""
     dram = [r for r in report.rows if r.bytes / BYTES_PER_X[r.direction] >= DRAM_SIZED_BYTES]
 
     def span(values: list[float | None], unit: str) -> str:
@@ -591,7 +608,9 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "Machine:",
         *(f"{bullet}{k}: {v}" for k, v in m.items()),
         "",
-        "STREAM (numba, float64, GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in report.stream.items()),
+        "STREAM (numba, float64, GB/s; copy and triad with ordinary stores, as the kernels write; memcpy "
+        "with the non-temporal stores glibc uses at this size, for reference only): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in report.stream.items()),
         "",
         "Columns: median ms per call (numpy = reference; '1t' = one thread; numba = allocating outputs, "
         "'out=' = preallocated; torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
