@@ -234,6 +234,43 @@ def test_parallel_path_equals_reference_and_serial(monkeypatch, dtype):
         assert_close(results[1][0], want_y, dtype, "parallel forward")
 
 
+@given(cases(), st.integers(0, 17), st.booleans(), st.booleans())
+def test_streaming_stores_change_no_bit_and_stay_inside_out(case, offset, parallel, non_finite):
+    """Streaming (non-temporal) stores change how y and dx reach memory, never their values: forced
+    on for every size and block length, with ``out`` at every alignment (``offset`` elements into a
+    buffer), on the serial and the parallel compile, with NaN/inf in x or not, they give the bits of
+    the ordinary stores, and leave the guard values around ``out`` untouched."""
+    x = case["x"]
+    if non_finite and x.size >= 3:
+        x = _with_non_finite(x, np.random.default_rng(offset))
+    dy, w, b = case["dy"], case["weight"], case["bias"]
+    opts = dict(centered=case["centered"], reduce_batch=case["reduce_batch"], mask=case["mask"])
+    guard = 7.0
+
+    def run(stream: bool) -> tuple[list, list]:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
+            mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
+            mp.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
+            bufs = [np.full(x.size + 40, guard, dtype=x.dtype) for _ in range(2)]
+            y_out, dx_out = (buf[offset : offset + x.size].reshape(x.shape) for buf in bufs)
+            y, mean, var = numba_cpu.norm_forward(x, w, b, EPS, out=y_out, **opts)
+            rstd = 1 / np.sqrt(var + EPS)
+            grads = numba_cpu.norm_backward(
+                dy, x, mean, rstd, w, need_affine_grads=case["need_affine_grads"], out=dx_out, **opts
+            )
+            assert y is y_out and grads[0] is dx_out  # written in place, at the drawn alignment
+            guards = [part for buf in bufs for part in (buf[:offset], buf[offset + x.size :])]
+            return [y, mean, var, *grads], guards
+
+    streamed, guards = run(True)
+    ordinary, _ = run(False)
+    for got, want in zip(streamed, ordinary):
+        np.testing.assert_array_equal(got, want)
+    for part in guards:
+        assert np.all(part == guard)
+
+
 @pytest.mark.parametrize("shape", [(4096, 1, 64, 1), (8, 16, 2, 2100)])
 def test_bit_identical_across_thread_counts(shape):
     """dweight/dbias go through fixed per-chunk partial sums: 1 thread and all threads agree bit for bit."""
