@@ -53,7 +53,7 @@ Design points, each one tested in ``tests/test_kernels.py``:
 * Every kernel is compiled twice from one Python function: ``parallel=True`` for big
   inputs, serial for small ones (waking the thread pool costs tens of microseconds). Both
   run the same loops, so they give the same bits.
-* Outputs of 32 MiB or more, in blocks of at least 2 KiB, are written with streaming
+* ``out=`` buffers of 32 MiB or more, in blocks of at least 2 KiB, are written with streaming
   (non-temporal) stores: each block is computed into a scratch row in L1, then copied out by
   ``_stream_copy`` without the read-for-ownership an ordinary store makes. The values are
   the same bits either way (tested, at every alignment of ``out``). Measured with
@@ -63,6 +63,7 @@ Design points, each one tested in ``tests/test_kernels.py``:
   - at the 32-64 MiB shapes of the benchmark: LayerNorm float32 forward 0.89, float64 BatchNorm
     forward 0.68.
   Smaller outputs keep ordinary stores: they can stay in the cache for the next layer to read.
+  So do outputs allocated here, which are fresh pages the OS has just zeroed (``_streams``).
 * ``cache=True`` and compiled on first call: importing this module compiles nothing.
 * Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
   place when they are C-contiguous and of x's dtype (else via one copy).
@@ -594,15 +595,23 @@ def _finish(buf: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def _streams(out: np.ndarray, block: int) -> bool:
-    """Whether the kernel writing ``out`` in contiguous blocks of ``block`` values should stream them
-    (``_stream_copy``). Only an output too big to stay in the cache gains. What "too big" means
-    depends on the machine: on the 2-core VM (whose L3 holds tens of MiB) a float32 LayerNorm
-    forward streaming its output took 0.89 of the time at 8192x1024 (32 MiB) and 0.86 at
-    32768x1024, while a float32 BatchNorm of 25 MiB took 1.02-1.07. Short blocks lose: the head and
-    tail of each block, up to a cache line on either side of its aligned middle, take ordinary
-    stores, and 512-byte rows were 1.4x slower."""
-    return out.nbytes >= STREAMING_STORE_MIN_BYTES and block * out.itemsize >= STREAMING_STORE_MIN_BLOCK_BYTES
+def _streams(buf: np.ndarray, out: np.ndarray | None, block: int) -> bool:
+    """Whether the kernel writing ``buf`` in contiguous blocks of ``block`` values should stream them
+    (``_stream_copy``): only into the caller's ``out``, big, in long blocks.
+
+    Only an output too big to stay in the cache gains, and what that means depends on the machine:
+    on the 2-core VM (whose L3 holds tens of MiB) a float32 LayerNorm forward streaming into ``out``
+    took 0.89 of the time at 8192x1024 (32 MiB) and 0.86 at 32768x1024, while a float32 BatchNorm
+    of 25 MiB took 1.02-1.07. Short blocks lose: the head and tail of each block, up to a cache line
+    on either side of its aligned middle, take ordinary stores, and 512-byte rows were 1.4x slower.
+    A buffer allocated here loses too: at this size it is fresh memory that the OS zeroes page by
+    page on first touch, which leaves each page in the cache, and streaming past it then cost
+    1.3-1.6x (LayerNorm 8192x1024 forward, float32 and float64)."""
+    return (
+        buf is out
+        and buf.nbytes >= STREAMING_STORE_MIN_BYTES
+        and block * buf.itemsize >= STREAMING_STORE_MIN_BLOCK_BYTES
+    )
 
 
 def _n_chunks(N: int, G: int, S: int, reduce_batch: bool) -> int:
@@ -655,7 +664,7 @@ def norm_forward(
         y.reshape(N, G, K * S),
         K,
         S,
-        _streams(y, K * S),
+        _streams(y, out, K * S),
     )
     stat_shape = (G,) if reduce_batch else (N, G)
     return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
@@ -708,7 +717,7 @@ def norm_backward(
         pdb,
         K,
         S,
-        _streams(dx, L),
+        _streams(dx, out, L),
     )
     if common != x.dtype:
         dx = _finish(dx.astype(x.dtype), out)
