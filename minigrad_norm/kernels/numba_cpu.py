@@ -53,15 +53,15 @@ Design points, each one tested in ``tests/test_kernels.py``:
 * Every kernel is compiled twice from one Python function: ``parallel=True`` for big
   inputs, serial for small ones (waking the thread pool costs tens of microseconds). Both
   run the same loops, so they give the same bits.
-* ``out=`` buffers of 32 MiB or more, in blocks of at least 2 KiB, are written with streaming
+* ``out=`` buffers of 24 MiB or more, in blocks of at least 2 KiB, are written with streaming
   (non-temporal) stores: each block is computed into a scratch row in L1, then copied out by
   ``_stream_copy`` without the read-for-ownership an ordinary store makes. The values are
   the same bits either way (tested, at every alignment of ``out``). Measured with
   ``benchmarks/compare_kernels.py`` on 2 threads, against ordinary stores:
   - float32 at about 100 MiB (LayerNorm 32768x1024, BatchNorm/InstanceNorm/GroupNorm
     128x64x56x56): forward 0.77-0.86 of the time, backward 0.81-0.88;
-  - at the 32-64 MiB shapes of the benchmark: LayerNorm float32 forward 0.89, float64 BatchNorm
-    forward 0.68.
+  - at the 24-64 MiB shapes of the benchmark: forward 0.68-0.89 (float32 BatchNorm,
+    InstanceNorm, GroupNorm 32x64x56x56: 0.77-0.81), backward 0.89-1.05.
   Smaller outputs keep ordinary stores: they can stay in the cache for the next layer to read.
   So do outputs allocated here, which are fresh pages the OS has just zeroed (``_streams``).
 * ``cache=True`` and compiled on first call: importing this module compiles nothing.
@@ -94,7 +94,7 @@ from minigrad_norm.kernels import reference
 PARALLEL_MIN_ELEMENTS = 1 << 18
 # Outputs of at least this many bytes, in blocks of at least this many, are written with streaming
 # (non-temporal) stores: see _stream_copy and _streams.
-STREAMING_STORE_MIN_BYTES = 32 * 2**20
+STREAMING_STORE_MIN_BYTES = 24 * 2**20
 STREAMING_STORE_MIN_BLOCK_BYTES = 2048
 # dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks.
 _MIN_TERMS_PER_CHUNK = 16
@@ -462,6 +462,8 @@ def _forward_kernel(
             mu = mean2[n0, g]
             r = 1.0 / math.sqrt(var2[n0, g] + eps)
             for n in range(n0, n1):
+                # two calls, not one on ``scratch if stream else y3[n, g]``: with a destination chosen
+                # at run time the streaming forward took 1.5x as long (LayerNorm 8192x1024, float32)
                 if stream:
                     _normalize_block(x3[n, g], scratch, w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
                     _stream_copy(scratch, y3[n, g])
@@ -504,7 +506,7 @@ def _backward_kernel(
             elif affine:  # only the dweight/dbias sums
                 _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, True, fast_row)
             for n in range(n0, n1):
-                if stream:
+                if stream:  # two calls, as in the forward
                     _dx_block(
                         dy3[n, g], x3[n, g], scratch, wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, fast_row
                     )
@@ -599,11 +601,13 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int) -> bool:
     """Whether the kernel writing ``buf`` in contiguous blocks of ``block`` values should stream them
     (``_stream_copy``): only into the caller's ``out``, big, in long blocks.
 
-    Only an output too big to stay in the cache gains, and what that means depends on the machine:
-    on the 2-core VM (whose L3 holds tens of MiB) a float32 LayerNorm forward streaming into ``out``
-    took 0.89 of the time at 8192x1024 (32 MiB) and 0.86 at 32768x1024, while a float32 BatchNorm
-    of 25 MiB took 1.02-1.07. Short blocks lose: the head and tail of each block, up to a cache line
-    on either side of its aligned middle, take ordinary stores, and 512-byte rows were 1.4x slower.
+    Only an output too big to stay in the cache gains, and what that means depends on the machine.
+    On the 2-core VM (whose L3 holds tens of MiB), streaming into ``out`` took, of the time with
+    ordinary stores: float32 BatchNorm/InstanceNorm/GroupNorm 32x64x56x56 (24.5 MiB) forward
+    0.77-0.81, backward 0.91-1.05; float64 LayerNorm 4096x768 (24 MiB) 0.79 and 0.92; but LayerNorm
+    512x4096 at 16 MiB (float64) 0.98 and 1.17, and at 8 MiB (float32) 1.04 and 1.16. Short blocks
+    lose: the head and tail of each block, up to a cache line on either side of its aligned middle,
+    take ordinary stores, and 512-byte rows were 1.4x slower.
     A buffer allocated here loses too: at this size it is fresh memory that the OS zeroes page by
     page on first touch, which leaves each page in the cache, and streaming past it then cost
     1.3-1.6x (LayerNorm 8192x1024 forward, float32 and float64)."""
