@@ -150,8 +150,8 @@ def test_bench_runs_end_to_end(tmp_path):
 
 
 def test_bench_stream_copy_uses_ordinary_stores():
-    """STREAM's copy must store as the kernels do: compiled as ``c[i] = a[i]``, LLVM makes the loop a
-    memcpy call, whose non-temporal stores move a third fewer bytes than the kernels' stores can."""
+    """STREAM's copy must use ordinary stores: compiled as ``c[i] = a[i]``, LLVM makes the loop a
+    memcpy call, whose non-temporal stores move a third fewer bytes than ordinary stores."""
     import numba
 
     def compiled_asm(kernel) -> str:
