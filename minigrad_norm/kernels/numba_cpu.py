@@ -96,7 +96,8 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 # (non-temporal) stores: see _stream_copy and _streams.
 STREAMING_STORE_MIN_BYTES = 24 * 2**20
 STREAMING_STORE_MIN_BLOCK_BYTES = 2048
-# dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks.
+# dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks
+# (and at most this many work items in the forward).
 _MIN_TERMS_PER_CHUNK = 16
 _TARGET_ITEMS = 64
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
