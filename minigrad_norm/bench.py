@@ -9,8 +9,11 @@ over repeated runs of
 
     numpy        the NumPy reference kernels (``minigrad_norm.kernels.reference``)
     numba 1t     the numba kernels on one thread, preallocated outputs (``out=``)
-    numba        the numba kernels on all threads, allocating their outputs
-    numba out=   the numba kernels on all threads, preallocated outputs
+    numba        the numba kernels on all threads, allocating their outputs (from the buffer
+                 pool, ``minigrad_norm.kernels.buffers``, which recycles the memory of outputs
+                 that are gone: the default path, as a user gets it)
+    numba out=   the numba kernels on all threads, preallocated outputs (64-byte aligned by
+                 ``aligned_empty``, as PyTorch aligns its tensors and the pool its buffers)
     torch 1t     PyTorch CPU eager on one thread (when torch is installed), allocating
     torch        PyTorch CPU eager on all threads, allocating
     copy x       a plain numba copy of x into a preallocated array, all threads: the bytes a
@@ -49,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from minigrad_norm.kernels import reference
+from minigrad_norm.kernels.buffers import aligned_empty
 
 EPS = 1e-5
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
@@ -258,8 +262,8 @@ class Problem:
 def kernel_runner(kernels: Any, p: Problem, direction: str, preallocated: bool) -> Callable[[], Any]:
     """Forward/backward of ``kernels`` (a kernel module) on the problem's 4-D view."""
     opts = dict(centered=p.case.centered, reduce_batch=p.case.reduce_batch)
-    y_out = np.empty_like(p.x) if preallocated else None
-    dx_out = np.empty_like(p.x) if preallocated else None
+    y_out = aligned_empty(p.x.shape, p.x.dtype) if preallocated else None
+    dx_out = aligned_empty(p.x.shape, p.x.dtype) if preallocated else None
 
     def fwd() -> Any:
         return kernels.norm_forward(p.x, p.weight, p.bias, EPS, out=y_out, **opts)

@@ -29,6 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minigrad_norm.kernels import numba_cpu, reference
+from minigrad_norm.kernels.buffers import BufferPool, aligned_empty
 
 EPS = 1e-5
 TOL = {np.float32: 4 * float(np.finfo(np.float32).eps), np.float64: 1e-10}
@@ -269,6 +270,64 @@ def test_streaming_stores_change_no_bit_and_stay_inside_out(case, offset, parall
         np.testing.assert_array_equal(got, want)
     for part in guards:
         assert np.all(part == guard)
+
+
+@given(cases(), st.booleans())
+def test_pooled_outputs_are_the_same_bits_and_never_alias_a_live_array(case, stream):
+    """Outputs the kernels allocate come from ``buffers.POOL``. With a pool that takes every size (and
+    streaming stores forced on or off), a first call's results, kept alive, are not overwritten by a
+    second call; they equal the results written into plain ``out=`` arrays bit for bit; and once
+    they are dropped, a third call reuses their memory."""
+    x, dy, w, b = case["x"], case["dy"], case["weight"], case["bias"]
+    opts = dict(centered=case["centered"], reduce_batch=case["reduce_batch"], mask=case["mask"])
+
+    def call(**out) -> list[np.ndarray]:
+        y, mean, var = numba_cpu.norm_forward(x, w, b, EPS, out=out.get("y"), **opts)
+        rstd = 1 / np.sqrt(var + EPS)
+        grads = numba_cpu.norm_backward(dy, x, mean, rstd, w, out=out.get("dx"), **opts)
+        return [y, mean, var, *grads]
+
+    want = call(y=np.empty(x.shape, x.dtype), dx=np.empty(x.shape, x.dtype))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "POOL", BufferPool(capacity=2**24, min_bytes=1))
+        mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
+        mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
+        first = call()
+        assert numba_cpu.POOL.owns(first[0]) and numba_cpu.POOL.owns(first[3])
+        second = call()
+        assert not np.shares_memory(first[0], second[0]) and not np.shares_memory(first[3], second[3])
+        for got in (first, second):
+            for g, w_ in zip(got, want):
+                np.testing.assert_array_equal(g, w_)
+        addresses = {first[0].ctypes.data, first[3].ctypes.data}
+        del first
+        third = call()
+        assert {third[0].ctypes.data, third[3].ctypes.data} == addresses
+        for g, w_ in zip(third, want):
+            np.testing.assert_array_equal(g, w_)
+
+
+def test_streaming_is_chosen_for_big_outputs_in_long_or_aligned_blocks():
+    """The policy of ``_streams`` (measured in its docstring): streaming stores for a big ``out=`` or pool
+    buffer, in blocks that are long or whole cache lines; never for small outputs, short blocks that
+    start inside a line, or a plain array the kernel allocated itself."""
+    big = numba_cpu.STREAMING_STORE_MIN_BYTES // 4  # float32 values
+    raw = aligned_empty((big + 16,), np.float32)  # pages are never touched: nothing is written here
+    aligned, inside_a_line = raw[:big], raw[4 : big + 4]
+    row = numba_cpu.STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES // 4
+    long_row = numba_cpu.STREAMING_STORE_MIN_BLOCK_BYTES // 4
+    assert numba_cpu._streams(aligned, aligned, row)
+    assert not numba_cpu._streams(aligned, aligned, row // 2)  # too short, even aligned
+    assert not numba_cpu._streams(aligned, aligned, row + 4)  # not whole lines: rows start inside lines
+    assert not numba_cpu._streams(inside_a_line, inside_a_line, row)
+    assert numba_cpu._streams(inside_a_line, inside_a_line, long_row)
+    assert not numba_cpu._streams(aligned[:-16], aligned[:-16], long_row)  # below the size threshold
+    assert not numba_cpu._streams(aligned, None, long_row)  # not out=, not the pool's
+    pool = BufferPool(capacity=2 * numba_cpu.STREAMING_STORE_MIN_BYTES)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "POOL", pool)
+        pooled = pool.empty((big,), np.float32)
+        assert numba_cpu._streams(pooled, None, row)
 
 
 @pytest.mark.parametrize("shape", [(4096, 1, 64, 1), (8, 16, 2, 2100)])

@@ -46,24 +46,30 @@ Design points, each one tested in ``tests/test_kernels.py``:
   in the reference (tested with NaN/inf in x, dy and the weight). ``error_model="numpy"``: 0/0 gives NaN (an
   all-masked group), not ZeroDivisionError.
 * Parallel with ``prange`` over 64 runs of consecutive blocks (forward; a channel each with
-  ``reduce_batch``) or over row chunks and groups (backward). The dweight/dbias sums over (n, s) go
+  ``reduce_batch``) or over row chunks and groups (backward). Blocks that are rows with their own
+  statistics (LayerNorm, RMSNorm) take a loop of their own in both kernels, which LLVM compiles
+  to much less per-row work than the general loop (half the time on 64-128 value rows). The dweight/dbias sums over (n, s) go
   through per-chunk float64 partial buffers ``(n_chunks, G, K)``, summed at the end in
   chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so
   the result is bit-identical on 1 or many threads.
 * Every kernel is compiled twice from one Python function: ``parallel=True`` for big
   inputs, serial for small ones (waking the thread pool costs tens of microseconds). Both
   run the same loops, so they give the same bits.
-* ``out=`` buffers of 24 MiB or more, in blocks of at least 2 KiB, are written with streaming
-  (non-temporal) stores: each block is computed into a scratch row in L1, then copied out by
-  ``_stream_copy`` without the read-for-ownership an ordinary store makes. The values are
-  the same bits either way (tested, at every alignment of ``out``). Measured with
-  ``benchmarks/compare_kernels.py`` on 2 threads, against ordinary stores:
+* Outputs the functions allocate come from ``buffers.POOL``: recycled memory, 64-byte aligned,
+  rather than fresh pages that the OS must zero (see ``minigrad_norm.kernels.buffers``).
+* Outputs of 24 MiB or more (``out=`` or the pool's), in blocks of at least 2 KiB or of whole
+  cache lines, are written with streaming (non-temporal) stores: each block is computed into a
+  scratch row in L1, then copied out by ``_stream_copy`` without the read-for-ownership an
+  ordinary store makes. The values are the same bits either way (tested, at every alignment of
+  ``out``). Measured with ``benchmarks/compare_kernels.py`` on 2 threads, against ordinary
+  stores, into ``out=`` buffers 16 bytes past a cache line (``np.empty``'s):
   - float32 at about 100 MiB (LayerNorm 32768x1024, BatchNorm/InstanceNorm/GroupNorm
     128x64x56x56): forward 0.77-0.86 of the time, backward 0.81-0.88;
   - at the 24-64 MiB shapes of the benchmark: forward 0.68-0.89 (float32 BatchNorm,
-    InstanceNorm, GroupNorm 32x64x56x56: 0.77-0.81), backward 0.89-1.05.
+    InstanceNorm, GroupNorm 32x64x56x56: 0.77-0.81), backward 0.89-1.05;
+  into 64-byte aligned buffers the gain is larger (float32 LayerNorm 8192x1024: forward 0.80,
+  backward 0.78, against 0.93 and 0.85 unaligned; ``benchmarks/streaming_stores.py``).
   Smaller outputs keep ordinary stores: they can stay in the cache for the next layer to read.
-  So do outputs allocated here, which are fresh pages the OS has just zeroed (``_streams``).
 * ``cache=True`` and compiled on first call: importing this module compiles nothing.
 * Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
   place when they are C-contiguous and of x's dtype (else via one copy).
@@ -86,16 +92,18 @@ from numba.core import types as nbtypes
 from numba.extending import intrinsic, overload
 
 from minigrad_norm.kernels import reference
+from minigrad_norm.kernels.buffers import POOL
 
 # Below this many elements the serial compile runs: the parallel launch costs more than it saves.
 # With OMP_WAIT_POLICY=PASSIVE (see minigrad_norm.backend) waking the pool costs ~35 us per parallel
 # region on the 2-core machine; a float32 LayerNorm fwd+bwd (D = 1024, L2-resident) breaks even on
 # 2 threads at ~2^18 elements (measured: serial 1.5x faster at 2^16, 1.7x slower at 2^20).
 PARALLEL_MIN_ELEMENTS = 1 << 18
-# Outputs of at least this many bytes, in blocks of at least this many, are written with streaming
-# (non-temporal) stores: see _stream_copy and _streams.
+# Outputs of at least this many bytes, in blocks of at least this many (or of whole cache lines, at
+# least the aligned minimum), are written with streaming (non-temporal) stores: see _streams.
 STREAMING_STORE_MIN_BYTES = 24 * 2**20
 STREAMING_STORE_MIN_BLOCK_BYTES = 2048
+STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES = 512
 # dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks
 # (and at most this many work items in the forward).
 _MIN_TERMS_PER_CHUNK = 16
@@ -337,8 +345,8 @@ def _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, mu, square):
 def _group_stats(x3, mask2, has_mask, centered, n0, n1, g, K, S):
     """(mean, var) of x3[n0:n1, g] over the valid values, in two passes."""
     if n1 == n0 + 1 and not has_mask:
-        # one contiguous block (a LayerNorm row...): the two passes directly, without the per-block
-        # loops and counts below, which cost a sixth of the forward time of a 128-value row
+        # one contiguous block (an InstanceNorm/GroupNorm block): the two passes directly, without the
+        # per-block loops and counts below
         xb = x3[n0, g]
         mu = _sum(xb) / xb.shape[0] if centered else 0.0
         return mu, _sum_sq_dev(xb, mu) / xb.shape[0]
@@ -348,18 +356,28 @@ def _group_stats(x3, mask2, has_mask, centered, n0, n1, g, K, S):
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
-def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
-    """y = (x - mean) * rstd * w + b on one (n, g) block, in x's dtype; 0 where masked out."""
+def _normalize_row(xb, yb, w, b, has_b, mu, r):
+    """y = (x - mean) * rstd * w + b over a contiguous run sharing one (mean, rstd), with one weight
+    and bias per value (a LayerNorm row), in x's dtype."""
     mh, ml = _split(xb, mu)
     r = _in_dtype_of(xb, r)
-    if S == 1:
-        if has_b:
-            for k in range(K):
-                yb[k] = ((xb[k] - mh) - ml) * r * w[k] + b[k]
-        else:
-            for k in range(K):
-                yb[k] = ((xb[k] - mh) - ml) * r * w[k]
+    if has_b:
+        for i in range(xb.shape[0]):
+            yb[i] = ((xb[i] - mh) - ml) * r * w[i] + b[i]
     else:
+        for i in range(xb.shape[0]):
+            yb[i] = ((xb[i] - mh) - ml) * r * w[i]
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
+    """``_normalize_row`` on one (n, g) block of K runs of S values, the weight and bias per run; 0
+    where masked out."""
+    if S == 1:
+        _normalize_row(xb, yb, w, b, has_b, mu, r)
+    else:
+        mh, ml = _split(xb, mu)
+        rs = _in_dtype_of(xb, r)
         for k in range(K):
             xs = xb[k * S : (k + 1) * S]
             ys = yb[k * S : (k + 1) * S]
@@ -367,10 +385,10 @@ def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
             if has_b:
                 bk = b[k]
                 for s in range(S):
-                    ys[s] = ((xs[s] - mh) - ml) * r * wk + bk
+                    ys[s] = ((xs[s] - mh) - ml) * rs * wk + bk
             else:
                 for s in range(S):
-                    ys[s] = ((xs[s] - mh) - ml) * r * wk
+                    ys[s] = ((xs[s] - mh) - ml) * rs * wk
     if has_mask:
         for k in range(K):
             ys = yb[k * S : (k + 1) * S]
@@ -449,10 +467,35 @@ def _forward_kernel(
     # work items: a channel each (reduce_batch), else a run of consecutive (n, g) blocks in memory order
     items = G if reduce_batch else min(N * G, _TARGET_ITEMS)
     per_item = (N * G + items - 1) // max(items, 1)
+    # a block that is one run of values with its own statistics (a LayerNorm/RMSNorm row) takes a loop of
+    # its own, without the general one's per-block loops and branches: 0.6-0.8x the time on rows of
+    # 64-128 values, 0.9-1.0x on 1024 (serial, in cache)
+    row_loop = S == 1 and not has_mask and not reduce_batch and not stats_given
     for i in prange(items):
         scratch = np.empty(L if stream else 0, dtype=y3.dtype)
         first = i if reduce_batch else i * per_item
-        for q in range(first, i + 1 if reduce_batch else min(N * G, first + per_item)):
+        last = i + 1 if reduce_batch else min(N * G, first + per_item)
+        if row_loop:
+            for q in range(first, last):
+                n = q // G
+                g = q - n * G
+                xb = x3[n, g]
+                mu = _sum(xb) / L if centered else 0.0
+                var = _sum_sq_dev(xb, mu) / L
+                mean2[n, g] = mu
+                var2[n, g] = var
+                r = 1.0 / math.sqrt(var + eps)
+                # two calls, not one on ``scratch if stream else y3[n, g]``: with a destination chosen
+                # at run time the streaming forward took 1.5x as long (LayerNorm 8192x1024, float32)
+                if stream:
+                    _normalize_row(xb, scratch, w2[g], b2[g], has_b, mu, r)
+                    _stream_copy(scratch, y3[n, g])
+                else:
+                    _normalize_row(xb, y3[n, g], w2[g], b2[g], has_b, mu, r)
+            if stream:
+                _store_fence()
+            continue
+        for q in range(first, last):
             g = q if reduce_batch else q % G
             n0 = 0 if reduce_batch else q // G
             n1 = N if reduce_batch else n0 + 1
@@ -463,9 +506,7 @@ def _forward_kernel(
             mu = mean2[n0, g]
             r = 1.0 / math.sqrt(var2[n0, g] + eps)
             for n in range(n0, n1):
-                # two calls, not one on ``scratch if stream else y3[n, g]``: with a destination chosen
-                # at run time the streaming forward took 1.5x as long (LayerNorm 8192x1024, float32)
-                if stream:
+                if stream:  # two calls, as above
                     _normalize_block(x3[n, g], scratch, w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
                     _stream_copy(scratch, y3[n, g])
                 else:
@@ -481,6 +522,9 @@ def _backward_kernel(
     n_chunks = pdw.shape[0]
     rows = (N + n_chunks - 1) // n_chunks
     fast_row = S == 1 and not has_mask
+    # blocks that are rows with their own statistics take a loop of their own, as in the forward: 0.4-0.6x
+    # the time on rows of 64-128 values, 0.85x on 1024 (serial, in cache)
+    row_loop = fast_row and not reduce_batch
     for i in prange(n_chunks * G):
         c = i // G
         g = i % G
@@ -492,6 +536,29 @@ def _backward_kernel(
         scratch = np.empty(L if stream else 0, dtype=dx3.dtype)
         # reduce_batch: one chunk, one group of N blocks; per sample: one group per block
         groups = 1 if reduce_batch else min(N, (c + 1) * rows) - c * rows
+        if row_loop:
+            for j in range(groups):
+                n = c * rows + j
+                xb = x3[n, g]
+                dyb = dy3[n, g]
+                mu = mean2[n, g] if use_mean else 0.0
+                r = rstd2[n, g]
+                proj = 0.0
+                mdx = 0.0
+                if not fixed:
+                    A, B = _row_sums(dyb, xb, wg, mu, r, pw, pb) if affine else _row_dx_sums(dyb, xb, wg, mu, r)
+                    proj = B / L
+                    mdx = A / L if use_mean else 0.0
+                elif affine:  # only the dweight/dbias sums
+                    _row_sums(dyb, xb, wg, mu, r, pw, pb)
+                if stream:  # two calls, as in the forward
+                    _dx_block(dyb, xb, scratch, wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, True)
+                    _stream_copy(scratch, dx3[n, g])
+                else:
+                    _dx_block(dyb, xb, dx3[n, g], wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, True)
+            if stream:
+                _store_fence()
+            continue
         for j in range(groups):
             n0 = 0 if reduce_batch else c * rows + j
             n1 = N if reduce_batch else n0 + 1
@@ -581,14 +648,12 @@ def _stat2(op: str, name: str, stat: np.ndarray, reduce_batch: bool, N: int, G: 
 
 
 def _out_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, op: str) -> np.ndarray:
-    """Where the kernel writes: ``out`` itself when it can, else a fresh C-contiguous array."""
-    if out is None:
-        return np.empty(shape, dtype=dtype)
-    if out.shape != shape:
+    """Where the kernel writes: ``out`` itself when it can, else a C-contiguous array from the pool."""
+    if out is not None and out.shape != shape:
         raise ValueError(f"{op}: out has shape {out.shape}, expected {shape}")
-    if out.dtype == dtype and out.flags.c_contiguous:
+    if out is not None and out.dtype == dtype and out.flags.c_contiguous:
         return out
-    return np.empty(shape, dtype=dtype)
+    return POOL.empty(shape, dtype)
 
 
 def _finish(buf: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -600,22 +665,37 @@ def _finish(buf: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 def _streams(buf: np.ndarray, out: np.ndarray | None, block: int) -> bool:
     """Whether the kernel writing ``buf`` in contiguous blocks of ``block`` values should stream them
-    (``_stream_copy``): only into the caller's ``out``, big, in long blocks.
+    (``_stream_copy``): only into the caller's ``out`` or a buffer of the pool, big, in blocks that
+    are long or made of whole cache lines.
 
     Only an output too big to stay in the cache gains, and what that means depends on the machine.
     On the 2-core VM (whose L3 holds tens of MiB), streaming into ``out`` took, of the time with
     ordinary stores: float32 BatchNorm/InstanceNorm/GroupNorm 32x64x56x56 (24.5 MiB) forward
     0.77-0.81, backward 0.91-1.05; float64 LayerNorm 4096x768 (24 MiB) 0.79 and 0.92; but LayerNorm
-    512x4096 at 16 MiB (float64) 0.98 and 1.17, and at 8 MiB (float32) 1.04 and 1.16. Short blocks
-    lose: the head and tail of each block, up to a cache line on either side of its aligned middle,
-    take ordinary stores, and 512-byte rows were 1.4x slower.
-    A buffer allocated here loses too: at this size it is fresh memory that the OS zeroes page by
-    page on first touch, which leaves each page in the cache, and streaming past it then cost
-    1.3-1.6x (LayerNorm 8192x1024 forward, float32 and float64)."""
+    512x4096 at 16 MiB (float64) 0.98 and 1.17, and at 8 MiB (float32) 1.04 and 1.16.
+
+    A block that does not start and end on a cache line writes its first and last line with ordinary
+    stores, and a line shared by two blocks is written by both. Into ``out`` 16 bytes past a line
+    (where ``np.empty`` puts a large array) streaming made 128-value float32 rows 1.5x (forward) and
+    1.6x (backward) as slow; into a 64-byte aligned ``out`` (as the pool's buffers are), rows of
+    128-256 values took 0.78-0.86 of the time in the backward and 0.91-1.04 in the forward, and 64
+    float32 values (256 bytes) 1.05-1.14 in the forward (``benchmarks/streaming_stores.py``).
+
+    Fresh memory loses too: the OS zeroes a new page on first touch, which leaves it in the cache,
+    and streaming past it then cost 1.3-1.6x (LayerNorm 8192x1024 forward, float32 and float64).
+    A buffer from a plain ``np.empty`` is such memory on every call (glibc unmaps it on free); one
+    from the pool is only on its first use, and is streamed into (``benchmarks/allocation.py``:
+    float32 LayerNorm 8192x1024 fwd+bwd allocating from the pool, 8.4 ms with ordinary stores, 7.7
+    streamed, 7.8 into ``out=``)."""
+    block_bytes = block * buf.itemsize
+    whole_lines = buf.ctypes.data % _STREAM_BYTES == 0 and block_bytes % _STREAM_BYTES == 0
     return (
-        buf is out
+        (buf is out or POOL.owns(buf))
         and buf.nbytes >= STREAMING_STORE_MIN_BYTES
-        and block * buf.itemsize >= STREAMING_STORE_MIN_BLOCK_BYTES
+        and (
+            block_bytes >= STREAMING_STORE_MIN_BLOCK_BYTES
+            or (whole_lines and block_bytes >= STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES)
+        )
     )
 
 
@@ -704,7 +784,7 @@ def norm_backward(
     # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them
     pdw = np.empty((n_chunks, G, K if affine else 0))
     pdb = np.empty_like(pdw)
-    dx = _out_buffer(out, x.shape, common, "norm_backward") if common == x.dtype else np.empty(x.shape, common)
+    dx = _out_buffer(out, x.shape, common, "norm_backward") if common == x.dtype else POOL.empty(x.shape, common)
     _kernel("backward", x.size)(
         np.ascontiguousarray(dy, dtype=common).reshape(N, G, L),
         np.ascontiguousarray(x, dtype=common).reshape(N, G, L),
@@ -739,6 +819,6 @@ def erf(x: np.ndarray) -> np.ndarray:
     if x.dtype not in _KERNEL_DTYPES:
         return reference.erf(x)
     flat = np.ascontiguousarray(x).reshape(-1)
-    y = np.empty(flat.shape, dtype=x.dtype)
+    y = POOL.empty(flat.shape, x.dtype)
     _kernel("erf", flat.size)(flat, y)
     return y.reshape(x.shape)
