@@ -309,25 +309,29 @@ def test_pooled_outputs_are_the_same_bits_and_never_alias_a_live_array(case, str
 
 def test_streaming_is_chosen_for_big_outputs_in_long_or_aligned_blocks():
     """The policy of ``_streams`` (measured in its docstring): streaming stores for a big ``out=`` or pool
-    buffer, in blocks that are long or whole cache lines; never for small outputs, short blocks that
-    start inside a line, or a plain array the kernel allocated itself."""
+    buffer, in blocks that are long, or (backward) whole cache lines; never for small outputs, short
+    blocks that start inside a line or come from the forward, or a plain array the kernel allocated."""
+    streams = numba_cpu._streams
     big = numba_cpu.STREAMING_STORE_MIN_BYTES // 4  # float32 values
     raw = aligned_empty((big + 16,), np.float32)  # pages are never touched: nothing is written here
     aligned, inside_a_line = raw[:big], raw[4 : big + 4]
     row = numba_cpu.STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES // 4
     long_row = numba_cpu.STREAMING_STORE_MIN_BLOCK_BYTES // 4
-    assert numba_cpu._streams(aligned, aligned, row)
-    assert not numba_cpu._streams(aligned, aligned, row // 2)  # too short, even aligned
-    assert not numba_cpu._streams(aligned, aligned, row + 4)  # not whole lines: rows start inside lines
-    assert not numba_cpu._streams(inside_a_line, inside_a_line, row)
-    assert numba_cpu._streams(inside_a_line, inside_a_line, long_row)
-    assert not numba_cpu._streams(aligned[:-16], aligned[:-16], long_row)  # below the size threshold
-    assert not numba_cpu._streams(aligned, None, long_row)  # not out=, not the pool's
+    assert streams(aligned, aligned, row, short_aligned_blocks=True)
+    assert not streams(aligned, aligned, row, short_aligned_blocks=False)
+    assert not streams(aligned, aligned, row // 2, short_aligned_blocks=True)  # too short, even aligned
+    assert not streams(aligned, aligned, row + 4, short_aligned_blocks=True)  # rows start inside lines
+    assert not streams(inside_a_line, inside_a_line, row, short_aligned_blocks=True)
+    for short_aligned_blocks in (False, True):
+        assert streams(aligned, aligned, long_row, short_aligned_blocks)
+        assert streams(inside_a_line, inside_a_line, long_row, short_aligned_blocks)
+        assert not streams(aligned[:-16], aligned[:-16], long_row, short_aligned_blocks)  # below the size threshold
+        assert not streams(aligned, None, long_row, short_aligned_blocks)  # not out=, not the pool's
     pool = BufferPool(capacity=2 * numba_cpu.STREAMING_STORE_MIN_BYTES)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu, "POOL", pool)
         pooled = pool.empty((big,), np.float32)
-        assert numba_cpu._streams(pooled, None, row)
+        assert streams(pooled, None, row, short_aligned_blocks=True)
 
 
 @pytest.mark.parametrize("shape", [(4096, 1, 64, 1), (8, 16, 2, 2100)])

@@ -46,9 +46,10 @@ Design points, each one tested in ``tests/test_kernels.py``:
   in the reference (tested with NaN/inf in x, dy and the weight). ``error_model="numpy"``: 0/0 gives NaN (an
   all-masked group), not ZeroDivisionError.
 * Parallel with ``prange`` over 64 runs of consecutive blocks (forward; a channel each with
-  ``reduce_batch``) or over row chunks and groups (backward). Blocks that are rows with their own
-  statistics (LayerNorm, RMSNorm) take a loop of their own in both kernels, which LLVM compiles
-  to much less per-row work than the general loop (half the time on 64-128 value rows). The dweight/dbias sums over (n, s) go
+  ``reduce_batch``) or over row chunks and groups (backward), each item's loop a function of
+  its own (``_forward_rows``...). Blocks that are rows with their own statistics (LayerNorm,
+  RMSNorm) take loops of their own, which LLVM compiles to much less per-row work than the
+  general ones (half the time on 64-128 value rows). The dweight/dbias sums over (n, s) go
   through per-chunk float64 partial buffers ``(n_chunks, G, K)``, summed at the end in
   chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so
   the result is bit-identical on 1 or many threads.
@@ -99,8 +100,8 @@ from minigrad_norm.kernels.buffers import POOL
 # region on the 2-core machine; a float32 LayerNorm fwd+bwd (D = 1024, L2-resident) breaks even on
 # 2 threads at ~2^18 elements (measured: serial 1.5x faster at 2^16, 1.7x slower at 2^20).
 PARALLEL_MIN_ELEMENTS = 1 << 18
-# Outputs of at least this many bytes, in blocks of at least this many (or of whole cache lines, at
-# least the aligned minimum), are written with streaming (non-temporal) stores: see _streams.
+# Outputs of at least this many bytes, in blocks of at least this many (or, in the backward, of whole
+# cache lines, at least the aligned minimum), are written with streaming (non-temporal) stores: see _streams.
 STREAMING_STORE_MIN_BYTES = 24 * 2**20
 STREAMING_STORE_MIN_BLOCK_BYTES = 2048
 STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES = 512
@@ -173,6 +174,27 @@ def _address(typingctx, a):
         return builder.ptrtoint(data, context.get_value_type(nbtypes.intp))
 
     return nbtypes.intp(a), codegen
+
+
+@intrinsic
+def _borrowed(typingctx, a):
+    """``a`` without its reference to the memory it lives in (a null meminfo), for the caller to keep alive.
+
+    numba counts the references to an array's memory, and a view made in jitted code (``x3[n, g]``) adds
+    one and drops it again, each an atomic (``lock``-prefixed) instruction. An atomic instruction waits
+    until every streaming store before it has reached memory, so a row loop that makes views after
+    streaming each row out serializes the stores: the streaming forward of 128-value float32 rows took
+    2.5x as long as with ordinary stores, and 1.1x with borrowed arrays."""
+
+    def codegen(context, builder, sig, args):
+        src = context.make_array(sig.args[0])(context, builder, args[0])
+        dst = context.make_array(sig.return_type)(context, builder)
+        context.populate_array(
+            dst, data=src.data, shape=src.shape, strides=src.strides, itemsize=src.itemsize, meminfo=None
+        )
+        return dst._getvalue()
+
+    return a(a), codegen
 
 
 @intrinsic
@@ -398,7 +420,7 @@ def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
-def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb, affine, fast_row):
+def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb, affine):
     """A = sum(dxhat), B = sum(dxhat * xhat) over x3[n0:n1, g] (valid positions), adding (with
     ``affine``) sum(dy * xhat) and sum(dy) per k into the partial buffers pdw, pdb."""
     A = 0.0
@@ -406,39 +428,42 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
     for n in range(n0, n1):
         xb = x3[n, g]
         dyb = dy3[n, g]
-        if fast_row:
-            a, b = _row_sums(dyb, xb, w, mu, r, pdw, pdb) if affine else _row_dx_sums(dyb, xb, w, mu, r)
-            A += a
-            B += b
-        else:
-            for k in range(K):
-                a, b, wa, wb = _dy_sums(
-                    dyb[k * S : (k + 1) * S], xb[k * S : (k + 1) * S], mask2[n], has_mask, w[k], mu, r
-                )
-                A += wa
-                B += wb
-                if affine:
-                    pdw[k] += b
-                    pdb[k] += a
+        for k in range(K):
+            a, b, wa, wb = _dy_sums(dyb[k * S : (k + 1) * S], xb[k * S : (k + 1) * S], mask2[n], has_mask, w[k], mu, r)
+            A += wa
+            B += wb
+            if affine:
+                pdw[k] += b
+                pdb[k] += a
     return A, B
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
-def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S, fast_row):
-    """dx = ((dxhat - xhat * proj) - mdx) * rstd  (or dxhat * rstd with fixed statistics) on one block,
-    in x's dtype."""
+def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
+    """dx = ((dxhat - xhat * proj) - mdx) * rstd  (or dxhat * rstd with fixed statistics) over a
+    contiguous run sharing one (mean, rstd), one weight per value (a LayerNorm row), in x's dtype."""
     mh, ml = _split(xb, mu)
     r = _in_dtype_of(xb, r)
     proj = _in_dtype_of(xb, proj)
     mdx = _in_dtype_of(xb, mdx)
-    if fast_row:
-        if fixed:
-            for k in range(K):
-                dxb[k] = dyb[k] * w[k] * r
-        else:
-            for k in range(K):
-                dxb[k] = ((dyb[k] * w[k] - ((xb[k] - mh) - ml) * r * proj) - mdx) * r
+    if fixed:
+        for i in range(xb.shape[0]):
+            dxb[i] = dyb[i] * w[i] * r
+    else:
+        for i in range(xb.shape[0]):
+            dxb[i] = ((dyb[i] * w[i] - ((xb[i] - mh) - ml) * r * proj) - mdx) * r
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S):
+    """``_dx_row`` on one (n, g) block of K runs of S values, the weight per run; 0 where masked out."""
+    if S == 1 and not has_mask:
+        _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed)
         return
+    mh, ml = _split(xb, mu)
+    r = _in_dtype_of(xb, r)
+    proj = _in_dtype_of(xb, proj)
+    mdx = _in_dtype_of(xb, mdx)
     for k in range(K):
         xs = xb[k * S : (k + 1) * S]
         dys = dyb[k * S : (k + 1) * S]
@@ -457,6 +482,130 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S, fa
 
 
 # ---------------------------------------------------------------------------
+# one work item's loop: a run of rows, or of general groups. Compiled once (not inlined) and called by
+# both compiles of a kernel: inlined into the parallel one's prange body they made its compile 1.7x as long.
+#
+# Rows (S == 1, no mask, statistics per block: LayerNorm, RMSNorm) take loops of their own, which LLVM
+# compiles to much less per-row work than the general loops: serial, in cache, the forward took 0.6-0.8x
+# the time on rows of 64-128 values (0.9-1.0x on 1024), the backward 0.4-0.6x (0.85x on 1024).
+#
+# Each loop calls its block function twice, once into ``scratch`` (then streamed out) and once into the
+# output, rather than once on ``scratch if stream else y3[n, g]``: with a destination chosen at run time
+# the streaming forward took 1.5x as long (LayerNorm 8192x1024, float32). And each borrows its array
+# arguments (``_borrowed``), so that the views it makes per block touch no reference count.
+
+_item = numba.njit(cache=True, error_model="numpy")
+
+
+@_item
+def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last, scratch, stream):
+    """Forward of the rows q = first..last-1 of x3 in (n, g) order, each with its own statistics."""
+    x3, w2, b2, y3, scratch = _borrowed(x3), _borrowed(w2), _borrowed(b2), _borrowed(y3), _borrowed(scratch)
+    N, G, L = x3.shape
+    for q in range(first, last):
+        n = q // G
+        g = q - n * G
+        xb = x3[n, g]
+        mu = _sum(xb) / L if centered else 0.0
+        var = _sum_sq_dev(xb, mu) / L
+        mean2[n, g] = mu
+        var2[n, g] = var
+        r = 1.0 / math.sqrt(var + eps)
+        if stream:
+            _normalize_row(xb, scratch, w2[g], b2[g], has_b, mu, r)
+            _stream_copy(scratch, y3[n, g])
+        else:
+            _normalize_row(xb, y3[n, g], w2[g], b2[g], has_b, mu, r)
+
+
+@_item
+def _forward_groups(
+    x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S,
+    first, last, scratch, stream,
+):  # fmt: skip
+    """Forward of the groups q = first..last-1: channels (reduce_batch) or (n, g) blocks in order."""
+    x3, w2, b2, y3, scratch = _borrowed(x3), _borrowed(w2), _borrowed(b2), _borrowed(y3), _borrowed(scratch)
+    mask2 = _borrowed(mask2)
+    N, G, L = x3.shape
+    for q in range(first, last):
+        g = q if reduce_batch else q % G
+        n0 = 0 if reduce_batch else q // G
+        n1 = N if reduce_batch else n0 + 1
+        if not stats_given:
+            mu, var = _group_stats(x3, mask2, has_mask, centered, n0, n1, g, K, S)
+            mean2[n0, g] = mu
+            var2[n0, g] = var
+        mu = mean2[n0, g]
+        r = 1.0 / math.sqrt(var2[n0, g] + eps)
+        for n in range(n0, n1):
+            if stream:
+                _normalize_block(x3[n, g], scratch, w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
+                _stream_copy(scratch, y3[n, g])
+            else:
+                _normalize_block(x3[n, g], y3[n, g], w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
+
+
+@_item
+def _backward_rows(
+    dy3, x3, mean2, rstd2, wg, use_mean, fixed, dx3, affine, pw, pb, g, n_first, n_last, scratch, stream
+):
+    """Backward of the rows (n, g), n = n_first..n_last-1, each with its own statistics; dweight and
+    dbias terms into the partial rows pw, pb."""
+    dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
+    L = x3.shape[2]
+    for n in range(n_first, n_last):
+        xb = x3[n, g]
+        dyb = dy3[n, g]
+        mu = mean2[n, g] if use_mean else 0.0
+        r = rstd2[n, g]
+        proj = 0.0
+        mdx = 0.0
+        if not fixed:
+            A, B = _row_sums(dyb, xb, wg, mu, r, pw, pb) if affine else _row_dx_sums(dyb, xb, wg, mu, r)
+            proj = B / L
+            mdx = A / L if use_mean else 0.0
+        elif affine:  # only the dweight/dbias sums
+            _row_sums(dyb, xb, wg, mu, r, pw, pb)
+        if stream:
+            _dx_row(dyb, xb, scratch, wg, mu, r, proj, mdx, fixed)
+            _stream_copy(scratch, dx3[n, g])
+        else:
+            _dx_row(dyb, xb, dx3[n, g], wg, mu, r, proj, mdx, fixed)
+
+
+@_item
+def _backward_groups(
+    dy3, x3, mean2, rstd2, wg, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pw, pb, g, K, S,
+    n_first, n_last, scratch, stream,
+):  # fmt: skip
+    """Backward of the groups of channel g: all N blocks as one (reduce_batch), or the blocks
+    n_first..n_last-1 one by one; dweight and dbias terms into the partial rows pw, pb."""
+    dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
+    mask2 = _borrowed(mask2)
+    N = x3.shape[0]
+    for j in range(1 if reduce_batch else n_last - n_first):
+        n0 = 0 if reduce_batch else n_first + j
+        n1 = N if reduce_batch else n0 + 1
+        mu = mean2[0 if reduce_batch else n0, g] if use_mean else 0.0
+        r = rstd2[0 if reduce_batch else n0, g]
+        proj = 0.0
+        mdx = 0.0
+        if not fixed:
+            A, B = _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, affine)
+            count = _group_count(mask2, has_mask, n0, n1, K, S)
+            proj = B / count
+            mdx = A / count if use_mean else 0.0
+        elif affine:  # only the dweight/dbias sums
+            _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, True)
+        for n in range(n0, n1):
+            if stream:
+                _dx_block(dy3[n, g], x3[n, g], scratch, wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S)
+                _stream_copy(scratch, dx3[n, g])
+            else:
+                _dx_block(dy3[n, g], x3[n, g], dx3[n, g], wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S)
+
+
+# ---------------------------------------------------------------------------
 # the two kernels (each compiled serial and parallel, see _compile)
 
 
@@ -464,53 +613,24 @@ def _forward_kernel(
     x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S, stream
 ):
     N, G, L = x3.shape
-    # work items: a channel each (reduce_batch), else a run of consecutive (n, g) blocks in memory order
-    items = G if reduce_batch else min(N * G, _TARGET_ITEMS)
-    per_item = (N * G + items - 1) // max(items, 1)
-    # a block that is one run of values with its own statistics (a LayerNorm/RMSNorm row) takes a loop of
-    # its own, without the general one's per-block loops and branches: 0.6-0.8x the time on rows of
-    # 64-128 values, 0.9-1.0x on 1024 (serial, in cache)
-    row_loop = S == 1 and not has_mask and not reduce_batch and not stats_given
+    # work items: a channel each (reduce_batch), else a run of consecutive (n, g) blocks in memory order.
+    # (No ``i if reduce_batch else ...`` below: prange's index is unsigned, and unified with a signed
+    # integer it becomes a float64, which compiled a float64 copy of each item function.)
+    groups = G if reduce_batch else N * G
+    items = G if reduce_batch else min(groups, _TARGET_ITEMS)
+    per_item = (groups + items - 1) // max(items, 1)
+    rows = S == 1 and not has_mask and not reduce_batch and not stats_given
     for i in prange(items):
+        first = i * per_item
+        last = min(groups, first + per_item)
         scratch = np.empty(L if stream else 0, dtype=y3.dtype)
-        first = i if reduce_batch else i * per_item
-        last = i + 1 if reduce_batch else min(N * G, first + per_item)
-        if row_loop:
-            for q in range(first, last):
-                n = q // G
-                g = q - n * G
-                xb = x3[n, g]
-                mu = _sum(xb) / L if centered else 0.0
-                var = _sum_sq_dev(xb, mu) / L
-                mean2[n, g] = mu
-                var2[n, g] = var
-                r = 1.0 / math.sqrt(var + eps)
-                # two calls, not one on ``scratch if stream else y3[n, g]``: with a destination chosen
-                # at run time the streaming forward took 1.5x as long (LayerNorm 8192x1024, float32)
-                if stream:
-                    _normalize_row(xb, scratch, w2[g], b2[g], has_b, mu, r)
-                    _stream_copy(scratch, y3[n, g])
-                else:
-                    _normalize_row(xb, y3[n, g], w2[g], b2[g], has_b, mu, r)
-            if stream:
-                _store_fence()
-            continue
-        for q in range(first, last):
-            g = q if reduce_batch else q % G
-            n0 = 0 if reduce_batch else q // G
-            n1 = N if reduce_batch else n0 + 1
-            if not stats_given:
-                mu, var = _group_stats(x3, mask2, has_mask, centered, n0, n1, g, K, S)
-                mean2[n0, g] = mu
-                var2[n0, g] = var
-            mu = mean2[n0, g]
-            r = 1.0 / math.sqrt(var2[n0, g] + eps)
-            for n in range(n0, n1):
-                if stream:  # two calls, as above
-                    _normalize_block(x3[n, g], scratch, w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
-                    _stream_copy(scratch, y3[n, g])
-                else:
-                    _normalize_block(x3[n, g], y3[n, g], w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
+        if rows:
+            _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last, scratch, stream)
+        else:
+            _forward_groups(
+                x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S,
+                first, last, scratch, stream,
+            )  # fmt: skip
         if stream:
             _store_fence()
 
@@ -520,11 +640,9 @@ def _backward_kernel(
 ):
     N, G, L = x3.shape
     n_chunks = pdw.shape[0]
-    rows = (N + n_chunks - 1) // n_chunks
-    fast_row = S == 1 and not has_mask
-    # blocks that are rows with their own statistics take a loop of their own, as in the forward: 0.4-0.6x
-    # the time on rows of 64-128 values, 0.85x on 1024 (serial, in cache)
-    row_loop = fast_row and not reduce_batch
+    per_chunk = (N + n_chunks - 1) // n_chunks
+    rows = S == 1 and not has_mask and not reduce_batch
+    # work items: (chunk of samples, group) pairs; with reduce_batch one chunk, a channel each
     for i in prange(n_chunks * G):
         c = i // G
         g = i % G
@@ -532,57 +650,18 @@ def _backward_kernel(
         pb = pdb[c, g]
         pw[:] = 0.0
         pb[:] = 0.0
-        wg = w2[g]
+        n_first = c * per_chunk
+        n_last = min(N, n_first + per_chunk)
         scratch = np.empty(L if stream else 0, dtype=dx3.dtype)
-        # reduce_batch: one chunk, one group of N blocks; per sample: one group per block
-        groups = 1 if reduce_batch else min(N, (c + 1) * rows) - c * rows
-        if row_loop:
-            for j in range(groups):
-                n = c * rows + j
-                xb = x3[n, g]
-                dyb = dy3[n, g]
-                mu = mean2[n, g] if use_mean else 0.0
-                r = rstd2[n, g]
-                proj = 0.0
-                mdx = 0.0
-                if not fixed:
-                    A, B = _row_sums(dyb, xb, wg, mu, r, pw, pb) if affine else _row_dx_sums(dyb, xb, wg, mu, r)
-                    proj = B / L
-                    mdx = A / L if use_mean else 0.0
-                elif affine:  # only the dweight/dbias sums
-                    _row_sums(dyb, xb, wg, mu, r, pw, pb)
-                if stream:  # two calls, as in the forward
-                    _dx_block(dyb, xb, scratch, wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, True)
-                    _stream_copy(scratch, dx3[n, g])
-                else:
-                    _dx_block(dyb, xb, dx3[n, g], wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, True)
-            if stream:
-                _store_fence()
-            continue
-        for j in range(groups):
-            n0 = 0 if reduce_batch else c * rows + j
-            n1 = N if reduce_batch else n0 + 1
-            mu = mean2[0 if reduce_batch else n0, g] if use_mean else 0.0
-            r = rstd2[0 if reduce_batch else n0, g]
-            proj = 0.0
-            mdx = 0.0
-            if not fixed:
-                A, B = _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, affine, fast_row)
-                count = _group_count(mask2, has_mask, n0, n1, K, S)
-                proj = B / count
-                mdx = A / count if use_mean else 0.0
-            elif affine:  # only the dweight/dbias sums
-                _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, True, fast_row)
-            for n in range(n0, n1):
-                if stream:  # two calls, as in the forward
-                    _dx_block(
-                        dy3[n, g], x3[n, g], scratch, wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, fast_row
-                    )
-                    _stream_copy(scratch, dx3[n, g])
-                else:
-                    _dx_block(
-                        dy3[n, g], x3[n, g], dx3[n, g], wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, fast_row
-                    )
+        if rows:
+            _backward_rows(
+                dy3, x3, mean2, rstd2, w2[g], use_mean, fixed, dx3, affine, pw, pb, g, n_first, n_last, scratch, stream
+            )
+        else:
+            _backward_groups(
+                dy3, x3, mean2, rstd2, w2[g], use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pw, pb,
+                g, K, S, n_first, n_last, scratch, stream,
+            )  # fmt: skip
         if stream:
             _store_fence()
 
@@ -663,10 +742,10 @@ def _finish(buf: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def _streams(buf: np.ndarray, out: np.ndarray | None, block: int) -> bool:
+def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_blocks: bool) -> bool:
     """Whether the kernel writing ``buf`` in contiguous blocks of ``block`` values should stream them
-    (``_stream_copy``): only into the caller's ``out`` or a buffer of the pool, big, in blocks that
-    are long or made of whole cache lines.
+    (``_stream_copy``): only into the caller's ``out`` or a buffer of the pool, big, in long blocks, or
+    with ``short_aligned_blocks`` (the backward) in shorter blocks made of whole cache lines.
 
     Only an output too big to stay in the cache gains, and what that means depends on the machine.
     On the 2-core VM (whose L3 holds tens of MiB), streaming into ``out`` took, of the time with
@@ -675,11 +754,12 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int) -> bool:
     512x4096 at 16 MiB (float64) 0.98 and 1.17, and at 8 MiB (float32) 1.04 and 1.16.
 
     A block that does not start and end on a cache line writes its first and last line with ordinary
-    stores, and a line shared by two blocks is written by both. Into ``out`` 16 bytes past a line
-    (where ``np.empty`` puts a large array) streaming made 128-value float32 rows 1.5x (forward) and
-    1.6x (backward) as slow; into a 64-byte aligned ``out`` (as the pool's buffers are), rows of
-    128-256 values took 0.78-0.86 of the time in the backward and 0.91-1.04 in the forward, and 64
-    float32 values (256 bytes) 1.05-1.14 in the forward (``benchmarks/streaming_stores.py``).
+    stores, and a line shared by two blocks is written by both. ``benchmarks/streaming_stores.py``
+    (float32, 2 threads): into ``out`` 16 bytes past a line (where ``np.empty`` puts a large array),
+    streaming made rows of 64-256 values 1.2-2.2x as slow; into a 64-byte aligned ``out`` (as the
+    pool's buffers are), the backward of such rows took 0.83-0.94 of the time, but the forward, which
+    does less per value, 1.14-1.32; rows of 1024 values: forward 0.76, backward 0.83 (aligned), 0.94
+    and 0.96 (16 bytes past a line).
 
     Fresh memory loses too: the OS zeroes a new page on first touch, which leaves it in the cache,
     and streaming past it then cost 1.3-1.6x (LayerNorm 8192x1024 forward, float32 and float64).
@@ -694,7 +774,7 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int) -> bool:
         and buf.nbytes >= STREAMING_STORE_MIN_BYTES
         and (
             block_bytes >= STREAMING_STORE_MIN_BLOCK_BYTES
-            or (whole_lines and block_bytes >= STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES)
+            or (short_aligned_blocks and whole_lines and block_bytes >= STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES)
         )
     )
 
@@ -749,7 +829,7 @@ def norm_forward(
         y.reshape(N, G, K * S),
         K,
         S,
-        _streams(y, out, K * S),
+        _streams(y, out, K * S, short_aligned_blocks=False),
     )
     stat_shape = (G,) if reduce_batch else (N, G)
     return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
@@ -802,7 +882,7 @@ def norm_backward(
         pdb,
         K,
         S,
-        _streams(dx, out, L),
+        _streams(dx, out, L, short_aligned_blocks=True),
     )
     if common != x.dtype:
         dx = _finish(dx.astype(x.dtype), out)
