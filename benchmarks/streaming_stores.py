@@ -14,8 +14,9 @@ median ms and the ratio to ordinary stores into the aligned buffer.
 What it shows on the 2-core VM: a block of contiguous output that does not start and end
 on a line boundary writes its first and last line with ordinary stores, and a line
 shared by two blocks is written by both; for 128-value rows at offset 16 that made the
-streaming forward 1.5x and the backward 1.6x as slow as ordinary stores, while with
-aligned rows the backward took 0.78-0.86 of the time (forward 0.91-1.14).
+streaming forward 1.5x and the backward 1.5-1.6x as slow as ordinary stores, while with
+aligned rows of 128-256 values the backward took 0.83-0.88 of the time (the forward,
+which does less work per value, 1.14-1.21: it streams only blocks of 2 KiB or more).
 """
 
 from __future__ import annotations

@@ -149,6 +149,27 @@ def test_bench_runs_end_to_end(tmp_path):
     json.dumps(report.to_json())
 
 
+def test_bench_says_what_2x_pytorch_would_take_where_it_is_missed():
+    """For each DRAM-sized fwd+bwd row below 2x PyTorch, the summary gives twice PyTorch's own rate in
+    % of the triad timed with that row (above 100%: more than the kernels' ordinary stores can move)."""
+    x_bytes = 5 * 32 * 2**20  # fwd+bwd on a 32 MiB x (DRAM-sized); the rates below are made up
+
+    def row(shape: tuple[int, ...], torch_gbps: float, ratio: float) -> bench.Row:
+        torch_ms = x_bytes / (torch_gbps * 1e9) * 1e3
+        ms = {"torch": torch_ms, "numba": torch_ms / ratio, "numba out=": torch_ms / ratio, "numpy": 1e3}
+        return bench.Row("layer_norm", shape, "float32", "fwd+bwd", x_bytes, ms, {"copy": 25.0, "triad": 30.0})
+
+    rows = [
+        row((1, 1), torch_gbps=21.0, ratio=1.2),  # 2 x 21 = 140% of 30
+        row((2, 2), torch_gbps=6.0, ratio=1.5),  # 2 x 6 = 40%
+        row((3, 3), torch_gbps=25.0, ratio=2.5),  # 2x reached: not listed
+    ]
+    report = bench.Report({}, {"copy 2t": 25.0, "triad 2t": 30.0, "memcpy 2t": 40.0}, rows, [], {}, False)
+    line = next(t for t in bench.target_summary(report) if "twice PyTorch's own rate" in t)
+    assert "layer_norm 1x1 float32 140%" in line and "layer_norm 2x2 float32 40%" in line
+    assert "3x3" not in line
+
+
 def test_bench_stream_copy_uses_ordinary_stores():
     """STREAM's copy must use ordinary stores: compiled as ``c[i] = a[i]``, LLVM makes the loop a
     memcpy call, whose non-temporal stores move a third fewer bytes than ordinary stores."""

@@ -58,18 +58,18 @@ Design points, each one tested in ``tests/test_kernels.py``:
   run the same loops, so they give the same bits.
 * Outputs the functions allocate come from ``buffers.POOL``: recycled memory, 64-byte aligned,
   rather than fresh pages that the OS must zero (see ``minigrad_norm.kernels.buffers``).
-* Outputs of 24 MiB or more (``out=`` or the pool's), in blocks of at least 2 KiB or of whole
-  cache lines, are written with streaming (non-temporal) stores: each block is computed into a
-  scratch row in L1, then copied out by ``_stream_copy`` without the read-for-ownership an
-  ordinary store makes. The values are the same bits either way (tested, at every alignment of
+* Outputs of 24 MiB or more (``out=`` or the pool's), in blocks of at least 2 KiB (or, in the
+  backward, of whole cache lines), are written with streaming (non-temporal) stores: each block
+  is computed into a scratch row in L1, then copied out by ``_stream_copy`` without the
+  read-for-ownership an ordinary store makes. The values are the same bits either way (tested, at every alignment of
   ``out``). Measured with ``benchmarks/compare_kernels.py`` on 2 threads, against ordinary
   stores, into ``out=`` buffers 16 bytes past a cache line (``np.empty``'s):
   - float32 at about 100 MiB (LayerNorm 32768x1024, BatchNorm/InstanceNorm/GroupNorm
     128x64x56x56): forward 0.77-0.86 of the time, backward 0.81-0.88;
   - at the 24-64 MiB shapes of the benchmark: forward 0.68-0.89 (float32 BatchNorm,
     InstanceNorm, GroupNorm 32x64x56x56: 0.77-0.81), backward 0.89-1.05;
-  into 64-byte aligned buffers the gain is larger (float32 LayerNorm 8192x1024: forward 0.80,
-  backward 0.78, against 0.93 and 0.85 unaligned; ``benchmarks/streaming_stores.py``).
+  into 64-byte aligned buffers the gain is larger (float32 LayerNorm 8192x1024: forward 0.76,
+  backward 0.83, against 0.94 and 0.96 unaligned; ``benchmarks/streaming_stores.py``).
   Smaller outputs keep ordinary stores: they can stay in the cache for the next layer to read.
 * ``cache=True`` and compiled on first call: importing this module compiles nothing.
 * Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
@@ -755,11 +755,11 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_
 
     A block that does not start and end on a cache line writes its first and last line with ordinary
     stores, and a line shared by two blocks is written by both. ``benchmarks/streaming_stores.py``
-    (float32, 2 threads): into ``out`` 16 bytes past a line (where ``np.empty`` puts a large array),
-    streaming made rows of 64-256 values 1.2-2.2x as slow; into a 64-byte aligned ``out`` (as the
-    pool's buffers are), the backward of such rows took 0.83-0.94 of the time, but the forward, which
-    does less per value, 1.14-1.32; rows of 1024 values: forward 0.76, backward 0.83 (aligned), 0.94
-    and 0.96 (16 bytes past a line).
+    (float32, 2 threads, two runs): into ``out`` 16 bytes past a line (where ``np.empty`` puts a large
+    array), streaming made rows of 64-256 values 1.2-2.2x as slow; into a 64-byte aligned ``out`` (as
+    the pool's buffers are), the backward of rows of 128-256 values took 0.83-0.88 of the time (64
+    values: 0.94-1.13), but the forward, which does less per value, 1.14-1.32; rows of 1024 values:
+    forward 0.76-0.83, backward 0.80-0.83 (aligned), 0.86-0.94 and 0.96 (16 bytes past a line).
 
     Fresh memory loses too: the OS zeroes a new page on first touch, which leaves it in the cache,
     and streaming past it then cost 1.3-1.6x (LayerNorm 8192x1024 forward, float32 and float64).
