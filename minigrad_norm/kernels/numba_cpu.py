@@ -770,8 +770,8 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_
     block_bytes = block * buf.itemsize
     whole_lines = buf.ctypes.data % _STREAM_BYTES == 0 and block_bytes % _STREAM_BYTES == 0
     return (
-        (buf is out or POOL.owns(buf))
-        and buf.nbytes >= STREAMING_STORE_MIN_BYTES
+        buf.nbytes >= STREAMING_STORE_MIN_BYTES
+        and (buf is out or POOL.owns(buf))
         and (
             block_bytes >= STREAMING_STORE_MIN_BLOCK_BYTES
             or (short_aligned_blocks and whole_lines and block_bytes >= STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES)
