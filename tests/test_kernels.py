@@ -334,6 +334,43 @@ def test_streaming_is_chosen_for_big_outputs_in_long_or_aligned_blocks():
         assert streams(pooled, None, row, short_aligned_blocks=True)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "view, reduce_batch", [((70, 1, 256, 1), False), ((4, 3, 2, 50), False), ((8, 3, 1, 400), True)]
+)
+def test_kernels_free_every_allocation_they_make(monkeypatch, view, reduce_batch, stream):
+    """numba's runtime counts its allocations: after repeated calls, every one made (scratch rows) has been
+    freed exactly once, on both compiles, streaming or not (the loops work on ``_borrowed`` arrays,
+    which must neither keep memory alive nor release it)."""
+    from numba.core.runtime import _nrt_python, rtsys
+
+    monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
+    monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(view).astype(np.float32)
+    w = rng.standard_normal(view[1:3]).astype(np.float32)
+    y, dx = np.empty_like(x), np.empty_like(x)
+    for parallel in (False, True):
+        monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
+
+        def call() -> None:
+            _, mean, var = numba_cpu.norm_forward(x, w, w, EPS, reduce_batch=reduce_batch, out=y)
+            numba_cpu.norm_backward(x, x, mean, 1 / np.sqrt(var + EPS), w, reduce_batch=reduce_batch, out=dx)
+
+        call()  # compiled before counting
+        _nrt_python.memsys_enable_stats()
+        try:
+            before = rtsys.get_allocation_stats()
+            for _ in range(5):
+                call()
+            after = rtsys.get_allocation_stats()
+        finally:
+            _nrt_python.memsys_disable_stats()
+        allocs, frees = after.alloc - before.alloc, after.free - before.free
+        assert allocs > 0 and allocs == frees
+        assert after.mi_alloc - before.mi_alloc == after.mi_free - before.mi_free
+
+
 @pytest.mark.parametrize("shape", [(4096, 1, 64, 1), (8, 16, 2, 2100)])
 def test_bit_identical_across_thread_counts(shape):
     """dweight/dbias go through fixed per-chunk partial sums: 1 thread and all threads agree bit for bit."""
