@@ -170,7 +170,7 @@ def _stream_kernels() -> tuple[Callable, Callable, Callable]:
     each 2 it counts, where an ordinary store moves 3 (copy) or 4 for 3 (triad). On a 2-core VM with
     1 GiB arrays, memcpy ran at 49.6 GB/s, the ordinary copy at 28.0 and the triad at 31.7: a
     kernel writing its output with ordinary stores was being held to a rate it cannot reach. (The
-    kernels stream into ``out=`` buffers of 24 MiB or more, and can then beat the ordinary copy.)
+    kernels stream outputs of 24 MiB or more, and can then beat the ordinary copy.)
     ``+ 0.0`` keeps the loop (x + 0.0 is not x for x = -0.0, so LLVM cannot drop the add)."""
     import numba
 
@@ -621,12 +621,13 @@ def format_report(report: Report, markdown: bool = False) -> str:
         *(f"{bullet}{k}: {v}" for k, v in m.items()),
         "",
         "STREAM (numba, float64, GB/s; copy and triad with ordinary stores; memcpy with the non-temporal "
-        "stores glibc uses at this size, for reference only; the kernels use such stores for out= buffers "
+        "stores glibc uses at this size, for reference only; the kernels use such stores for outputs "
         "of 24 MiB or more, and can then exceed 100% of copy): "
         + ", ".join(f"{k} {v:.1f}" for k, v in report.stream.items()),
         "",
-        "Columns: median ms per call (numpy = reference; '1t' = one thread; numba = allocating outputs, "
-        "'out=' = preallocated; torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
+        "Columns: median ms per call (numpy = reference; '1t' = one thread; numba = allocating outputs "
+        "(from the buffer pool, minigrad_norm.kernels.buffers), 'out=' = preallocated (64-byte aligned); "
+        "torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
         "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|); '% copy'/'% triad' compare it with STREAM copy/triad on all "
         "threads, timed just before that row ('copy GB/s'); the other implementations are timed round-robin; "
         "'% copy x' compares it with 'copy x', a plain copy of x (the bytes of a forward) timed in the same "
