@@ -162,7 +162,7 @@ class Threads:
 
 
 def _stream_kernels() -> tuple[Callable, Callable, Callable]:
-    """copy and triad with ordinary stores, as the kernels write all but big ``out=`` buffers; and memcpy.
+    """copy and triad with ordinary stores, as the kernels write all but big outputs; and memcpy.
 
     Written as ``c[i] = a[i]``, a copy loop is replaced by LLVM with a call to ``memcpy``, and
     glibc's memcpy switches to non-temporal stores above a size threshold: those skip the

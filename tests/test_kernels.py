@@ -332,6 +332,8 @@ def test_streaming_is_chosen_for_big_outputs_in_long_or_aligned_blocks():
         mp.setattr(numba_cpu, "POOL", pool)
         pooled = pool.empty((big,), np.float32)
         assert streams(pooled, None, row, short_aligned_blocks=True)
+        # a pool temporary for an out= the kernel cannot write into is read back at once: not streamed
+        assert not streams(pooled, np.empty(0, np.float32), long_row, short_aligned_blocks=True)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -663,7 +663,7 @@ def _forward_kernel(
     # (No ``i if reduce_batch else ...`` below: prange's index is unsigned, and unified with a signed
     # integer it becomes a float64, which compiled a float64 copy of each item function.)
     groups = G if reduce_batch else N * G
-    items = G if reduce_batch else min(groups, _TARGET_ITEMS)
+    items = groups if reduce_batch else min(groups, _TARGET_ITEMS)
     per_item = (groups + items - 1) // max(items, 1)
     rows = S == 1 and not has_mask and not reduce_batch and not stats_given
     for i in prange(items):
@@ -790,8 +790,9 @@ def _finish(buf: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_blocks: bool) -> bool:
     """Whether the kernel writing ``buf`` in contiguous blocks of ``block`` values should stream them
-    (``_stream_copy``): only into the caller's ``out`` or a buffer of the pool, big, in long blocks, or
-    with ``short_aligned_blocks`` (the backward) in shorter blocks made of whole cache lines.
+    (``_stream_copy``): only into the caller's ``out``, or a buffer of the pool that is returned in its
+    place (not a temporary copied into an unusable ``out`` right after), big, in long blocks, or with
+    ``short_aligned_blocks`` (the backward) in shorter blocks made of whole cache lines.
 
     Only an output too big to stay in the cache gains, and what that means depends on the machine.
     On the 2-core VM (whose L3 holds tens of MiB), streaming into ``out`` took, of the time with
@@ -817,7 +818,7 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_
     whole_lines = buf.ctypes.data % _STREAM_BYTES == 0 and block_bytes % _STREAM_BYTES == 0
     return (
         buf.nbytes >= STREAMING_STORE_MIN_BYTES
-        and (buf is out or POOL.owns(buf))
+        and (buf is out or (out is None and POOL.owns(buf)))
         and (
             block_bytes >= STREAMING_STORE_MIN_BLOCK_BYTES
             or (short_aligned_blocks and whole_lines and block_bytes >= STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES)
@@ -928,7 +929,8 @@ def norm_backward(
         pdb,
         K,
         S,
-        _streams(dx, out, L, short_aligned_blocks=True),
+        # (a dx in the common dtype is a temporary, read back at once by the cast to x's dtype)
+        common == x.dtype and _streams(dx, out, L, short_aligned_blocks=True),
     )
     if common != x.dtype:
         dx = _finish(dx.astype(x.dtype), out)
