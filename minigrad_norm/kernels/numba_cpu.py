@@ -130,16 +130,28 @@ def _in_dtype_of_impl(a, v):
     return lambda a, v: dtype(v)
 
 
-@numba.njit(cache=True, inline="always")
 def _split(x, mu):
     """The mean as mu_hi + mu_lo in x's dtype, mu_hi = mu rounded, mu_lo the rounding error rounded:
     (x - mu_hi) - mu_lo is x - mu to a rounding or two of the *result*, however large mu is next to
-    x - mu (float32 x = 1e4 + N(0, 1): mu_hi alone would be off by up to 5e-4). For float64 data
-    mu_lo is 0 and this is x - mu exactly as the reference computes it. An infinite or NaN mean has
-    no rounding error to carry: mu_lo = 0, and x - mu gives the reference's inf/NaN."""
-    hi = _in_dtype_of(x, mu)
-    lo = _in_dtype_of(x, mu - hi) if math.isfinite(mu) else _in_dtype_of(x, 0.0)
-    return hi, lo
+    x - mu (float32 x = 1e4 + N(0, 1): mu_hi alone would be off by up to 5e-4). An infinite or NaN
+    mean has no rounding error to carry: mu_lo = 0, and x - mu gives the reference's inf/NaN.
+    For float64 data mu_lo is the constant 0.0 (jitted code only, see the overload below)."""
+    raise NotImplementedError("_split runs inside jitted code only")
+
+
+@overload(_split)
+def _split_impl(x, mu):
+    if x.dtype == nbtypes.float64:
+        # mu is exact: (x - mu) - 0.0 is x - mu, the reference's arithmetic, and LLVM drops the
+        # subtraction of a constant +0.0 (exact for every x: no fast-math flag needed)
+        return lambda x, mu: (mu, 0.0)
+
+    def split(x, mu):
+        hi = _in_dtype_of(x, mu)
+        lo = _in_dtype_of(x, mu - hi) if math.isfinite(mu) else _in_dtype_of(x, 0.0)
+        return hi, lo
+
+    return split
 
 
 # ---------------------------------------------------------------------------
