@@ -11,8 +11,10 @@ these matmuls are small, and with two OpenBLAS threads on two shared cores
 one busy core makes the threads wait on each other (measured here: 18 ms a
 step at the larger configuration with one BLAS thread, 400-600 ms with two
 while another process ran). Steps alternate
-between the two sides so that both see the same machine noise; the medians
-and their ratio are reported.
+between the two sides so that both see the same machine noise, each timed
+step right after an untimed one of the same side (so that neither is timed
+waking its threads after the other's); the medians and their ratio are
+reported.
 
 Then one more set of steps of the engine runs with every Function's forward
 and backward wrapped in a timer, to show where the step's time goes:
@@ -37,7 +39,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads OpenBLA
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
@@ -47,6 +48,7 @@ from typing import Any  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
+from minigrad_norm import bench  # noqa: E402
 from minigrad_norm.nn import ModuleList, TransformerBlock  # noqa: E402
 from minigrad_norm.optim import AdamW  # noqa: E402
 from minigrad_norm.tensor import Function, Tensor  # noqa: E402
@@ -123,15 +125,9 @@ def torch_step(torch: Any, cfg: Config, seed: int = 0) -> Callable[[], None]:
 
 
 def time_interleaved(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    """Median seconds per call of each fn, calls interleaved round-robin after 3 warm-up rounds."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for i in range(repeats + 3):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            if i >= 3:
-                times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+    """Median seconds per step of each fn over ``repeats`` rounds, each timed step right after an untimed
+    one of its own (``bench.interleaved_medians``, on the thread counts already set)."""
+    return bench.interleaved_medians({k: (THREADS, fn) for k, fn in fns.items()}, None, repeats, 0.0)
 
 
 CATEGORIES = ("norm", "matmul", "attention", "activation", "elementwise", "optimizer", "python")
