@@ -251,9 +251,10 @@ def _rows_ahead(L, itemsize):
     the memory busy meanwhile. With the row 2 KiB ahead prefetched, ``benchmarks/compare_kernels.py``
     (2 threads, out= buffers, two runs) took of the time without: float64 rows of 64, 128, 256 values
     0.74-0.87, 0.74-0.77, 0.86-0.87; float32 rows of 128 and 256 values 0.82-0.89, 0.73-0.82 (of 64
-    values 0.90-1.05). Rows of 1024 values gained nothing clear (0.90-1.07), so longer rows are left to
-    the hardware; so did the backward, prefetching its x and dy rows (0.84-1.08 by view and run), so it
-    does not prefetch."""
+    values 0.90-1.05). How much depends on the machine's load: two later runs, with every time about
+    1.4x as long, gave 0.97-0.99 (float32, 128 values) and 0.85 (float64, 128), and none was slower.
+    Rows of 1024 values gained nothing clear (0.90-1.07), so longer rows are left to the hardware; so
+    did the backward, prefetching its x and dy rows (0.84-1.08 by view and run), so it does not."""
     row_bytes = L * itemsize
     if row_bytes == 0 or row_bytes > PREFETCH_MAX_ROW_BYTES:
         return 0
