@@ -87,8 +87,9 @@ def use_backend(name: str) -> Iterator[None]:
         _scoped.reset(token)
 
 
-def kernels_for(*arrays: np.ndarray) -> ModuleType:
-    """The kernel module for these arrays under the active backend."""
+def kernels_for(*arrays: np.ndarray | None) -> ModuleType:
+    """The kernel module for these arrays (None ignored) under the active backend: the reference
+    whenever any of them is complex (a complex-step derivative), as the numba kernels are real only."""
     if get_backend() == "numpy" or any(np.iscomplexobj(a) for a in arrays):
         return reference
     return _load_numba()

@@ -45,14 +45,23 @@ _COMPLEX_DTYPES = (np.dtype(np.complex64), np.dtype(np.complex128))
 
 
 @contextlib.contextmanager
-def no_grad() -> Iterator[None]:
-    """Inside this context no op is recorded: outputs never require grad."""
+def _grad_mode(enabled: bool) -> Iterator[None]:
     global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, False
+    previous, _grad_enabled = _grad_enabled, enabled
     try:
         yield
     finally:
         _grad_enabled = previous
+
+
+def no_grad() -> contextlib.AbstractContextManager[None]:
+    """Inside this context no op is recorded: outputs never require grad."""
+    return _grad_mode(False)
+
+
+def enable_grad() -> contextlib.AbstractContextManager[None]:
+    """Inside this context ops are recorded again, even within an enclosing ``no_grad()``."""
+    return _grad_mode(True)
 
 
 def is_grad_enabled() -> bool:

@@ -17,6 +17,7 @@ a near-tie would move under a perturbation of eps).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -72,7 +73,11 @@ def arrays(
     """
     dtype = np.dtype(dtype)
     if min_gap > 0:
-        k = int((high - low) / min_gap)
+        # grid points low + (i + offset) * min_gap, i = 0..k, offset in [0, 0.5]: all of them <= high (a
+        # point that would land exactly on high is left out, so that rounding cannot carry it past)
+        k = math.floor((high - low) / min_gap - 0.5 - 1e-9)
+        if k < 0:
+            raise ValueError(f"arrays: [{low}, {high}] is too narrow for values {min_gap} apart (min_gap)")
         grid = hnp.arrays(np.int64, shape, elements=st.integers(0, k), unique=True)
         return st.tuples(grid, st.floats(0, 0.5)).map(lambda t: (low + (t[0] + t[1]) * min_gap).astype(dtype))
     if margin > 0:  # drawn from [low, -margin] and [margin, high] directly: a filter would reject too often

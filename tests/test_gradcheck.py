@@ -69,7 +69,7 @@ def test_failure_message_names_the_worst_element_and_both_values():
         gradcheck(Cube.apply, (x,))
     msg = str(e.value)
     assert "input 0 (shape (2, 3))" in msg
-    assert "input element (1, 2)" in msg and "output element 5" in msg
+    assert "input element (1, 2)" in msg and "output element (1, 2)" in msg
     assert re.search(r"analytic 3\.5\b", msg) and re.search(r"numerical 3(\.0+)?\b", msg)
     assert "1 of 36 entries disagree" in msg
 
@@ -227,3 +227,164 @@ def test_bad_arguments():
         gradcheck(lambda u: u, (Tensor(np.ones(2)),))
     with pytest.raises(TypeError, match="input 0 is a ndarray"):
         gradcheck(lambda u: u, (np.ones(2),))
+
+
+class StableSoftplus(Function):
+    """softplus(x) = max(x, 0) + log1p(exp(-|x|)), the usual overflow-free form: not complex-analytic
+    (``np.abs`` of a complex number is its modulus). ``mode`` picks the backward: the right one, or
+    relu's derivative, which is exactly what a complex step through this forward computes."""
+
+    mode = "right"
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        right = 1 / (1 + np.exp(-x))
+        return g * (right if StableSoftplus.mode == "right" else (x > 0))
+
+
+def test_complex_step_through_a_non_analytic_forward_fails_instead_of_passing_a_wrong_rule(monkeypatch):
+    x = leaf([-1.0, 0.5, 2.0])
+    assert gradcheck(StableSoftplus.apply, (x,))
+    monkeypatch.setattr(StableSoftplus, "mode", "relu")
+    with pytest.raises(GradcheckError, match="Jacobian mismatch"):
+        gradcheck(StableSoftplus.apply, (x,))
+    # the complex step agrees with the wrong rule; the cross-check with central differences catches it
+    (j_cs,) = numerical_jacobian(StableSoftplus.apply, (x,), method="complex")
+    np.testing.assert_array_equal(np.diag(j_cs), [0.0, 1.0, 1.0])
+    for mode in ("relu", "right"):
+        monkeypatch.setattr(StableSoftplus, "mode", mode)
+        with pytest.raises(GradcheckError, match=r"not complex-analytic.*method='central'"):
+            gradcheck(StableSoftplus.apply, (x,), method="complex")
+
+
+def test_complex_step_refuses_an_output_that_came_back_real():
+    class RealPart(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return np.real(x) * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g  # wrong (2 g), and a complex step that read 0 would not say so
+
+    with pytest.raises(TypeError, match=r"real output for a complex input 0.*method='central'"):
+        numerical_jacobian(RealPart.apply, (leaf([1.0, 2.0]),), method="complex")
+    with pytest.raises(TypeError, match="real output"):
+        gradcheck(RealPart.apply, (leaf([1.0, 2.0]),), method="complex")
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_complex_step_reaches_the_weight_and_bias_of_every_norm(backend, rng):
+    """A complex weight or bias must keep its imaginary part through the norms (the numba kernels are real:
+    any complex array goes to the reference), so that the complex step sees their derivatives."""
+    import minigrad_norm as mg
+
+    x2, x3 = leaf(rng.standard_normal((3, 5))), leaf(rng.standard_normal((2, 4, 3)))
+    w5, b5 = leaf(rng.standard_normal(5)), leaf(rng.standard_normal(5))
+    w4, b4 = leaf(rng.standard_normal(4)), leaf(rng.standard_normal(4))
+    cases = [
+        (lambda x, w, b: F.layer_norm(x, 5, w, b), (x2, w5, b5)),
+        (lambda x, w: F.rms_norm(x, 5, w), (x2, w5)),
+        (lambda x, w, b: F.group_norm(x, 2, w, b), (x3, w4, b4)),
+        (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), (x3, w4, b4)),
+        (lambda x, w, b: F.instance_norm(x, weight=w, bias=b), (x3, w4, b4)),
+    ]
+    with mg.use_backend(backend):
+        for fn, inputs in cases:
+            assert gradcheck(fn, inputs, method="complex")
+
+
+def test_a_tensor_passed_twice_is_refused():
+    """The gradient of a Tensor used twice is the sum over both uses, a finite difference moves one
+    argument: a rule wrong by exactly half would pass. Refused in every tool."""
+    x = leaf([1.0, -2.0, 0.5])
+    for tool in (gradcheck, jacobian, numerical_jacobian):
+        with pytest.raises(ValueError, match=r"inputs 0 and 1 are the same Tensor"):
+            tool(lambda a, b: a * b, (x, x))
+    y = Tensor(x.data.copy(), requires_grad=True)
+    assert gradcheck(lambda a, b: a * b, (x, y))
+    c = Tensor(np.ones(3))  # a constant may appear twice
+    assert gradcheck(lambda a, b, d: a * b * d, (x, c, c))
+
+
+def test_jacobian_records_the_graph_inside_no_grad(rng):
+    import minigrad_norm as mg
+
+    x = leaf(rng.standard_normal(3))
+    expected = jacobian(lambda t: t * t, (x,))
+    with mg.no_grad():
+        got = jacobian(lambda t: t * t, (x,))
+        assert gradcheck(lambda t: t * t, (x,))
+        assert not mg.is_grad_enabled()
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[0], np.diag(2 * x.data))
+
+
+def test_float32_output_and_non_tensor_output_are_refused():
+    class Sin32(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return np.sin(x).astype(np.float32)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * np.cos(x)
+
+    with pytest.raises(TypeError, match=r"output 0 of fn \(shape \(4,\)\) is float32"):
+        gradcheck(Sin32.apply, (leaf(np.linspace(0, 1, 4)),))
+    with pytest.raises(TypeError, match="fn must return a Tensor or a tuple of Tensors, got float"):
+        gradcheck(lambda t: float(t.data.sum()), (leaf([1.0]),))
+
+
+def test_central_differences_divide_by_the_step_taken_at_large_inputs():
+    x = leaf([3e7, -4.1e7, 1e9])
+    assert gradcheck(lambda t: t * 3.0, (x,))
+    (j,) = numerical_jacobian(lambda t: t * 3.0, (x,))
+    np.testing.assert_allclose(np.diag(j), 3.0, rtol=1e-9)
+    with pytest.raises(ValueError, match=r"eps=1e-06 vanishes next to input 0's element 0"):
+        numerical_jacobian(lambda t: t * 3.0, (leaf([1e11]),))
+
+
+def test_a_nondeterministic_forward_is_named():
+    draws = iter(np.random.default_rng(0).standard_normal(10_000))
+
+    def noisy(t):
+        return t * (1.0 + 1e-3 * next(draws))
+
+    with pytest.raises(GradcheckError, match="fn is not deterministic"):
+        gradcheck(noisy, (leaf([1.0, 2.0]),))
+
+
+def test_tuple_outputs_and_empty_inputs_are_named_and_shaped(rng):
+    class Square(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * x  # wrong: 2 x g
+
+    x = leaf(rng.standard_normal((2, 2)))
+    with pytest.raises(GradcheckError, match=r"at output 1 element \(\d, \d\)"):
+        gradcheck(lambda t: (t * 2.0, Square.apply(t)), (x,))
+    empty = leaf(np.zeros((0, 3)))
+    (j_x, j_e) = jacobian(lambda t, e: t * 2.0 + e.sum(), (x, empty))
+    assert j_x.shape == (4, 4) and j_e.shape == (4, 0)
+
+
+@given(arrays(shapes(min_dims=1, max_dims=1, max_side=3), low=0.0, high=1.0, min_gap=0.3))
+def test_min_gap_arrays_stay_in_range_and_apart(a):
+    assert a.min() >= 0.0 and a.max() <= 1.0
+    flat = np.sort(a.ravel())
+    assert np.all(np.diff(flat) >= 0.3 - 1e-12)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import minigrad_norm.functional as F
 from minigrad_norm import nn
-from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
+from minigrad_norm.norms import _function, batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from minigrad_norm.tensor import Tensor
 from minigrad_norm.testing import channel_shapes, masks
 
@@ -54,6 +54,27 @@ BAD = [
         ["instance_norm", "running_var", "use_input_stats=False"],
     ),
     (lambda: batch_norm(X, np.zeros(4), np.ones(3)), ValueError, ["batch_norm", "running_mean", "(3,)", "(4,)"]),
+    # one running buffer alone (PyTorch: ValueError in training), in training and in eval
+    (
+        lambda: batch_norm(X, np.zeros(3), None, training=True),
+        ValueError,
+        ["batch_norm", "running_mean and running_var must either both be None or neither be None", "only running_mean"],
+    ),
+    (lambda: batch_norm(X, None, np.ones(3)), ValueError, ["batch_norm", "neither be None", "only running_var"]),
+    (lambda: instance_norm(X, np.zeros(3), None), ValueError, ["instance_norm", "neither be None", "running_mean"]),
+    (
+        lambda: instance_norm(X, None, np.ones(3), use_input_stats=False),
+        ValueError,
+        ["instance_norm", "neither be None", "only running_var"],
+    ),
+    # statistics of exactly one value (or none, under a mask) are still refused; only an empty input passes
+    (lambda: instance_norm(np.zeros((2, 3, 1))), ValueError, ["instance_norm", "more than 1 spatial element"]),
+    (lambda: group_norm(np.zeros((1, 2, 1)), 2), ValueError, ["group_norm", "more than 1 value", "(1, 2, 1)"]),
+    (
+        lambda: batch_norm(X, None, None, training=True, mask=np.zeros((2, 4), bool)),
+        ValueError,
+        ["batch_norm", "the mask leaves 0 valid value(s)"],
+    ),
     (lambda: batch_norm(X, [0.0, 0, 0], np.ones(3)), TypeError, ["batch_norm", "running_mean", "ndarray"]),
     (
         lambda: batch_norm(X, np.zeros(3), np.ones(3), training=True, momentum=None),
@@ -188,6 +209,91 @@ def test_state_dict_round_trip(rng) -> None:
     b.load_state_dict(a.state_dict())
     for k, v in a.state_dict().items():
         assert np.array_equal(b.state_dict()[k], v)
+
+
+# -- an empty batch ----------------------------------------------------------------------------------------
+def _buffers(c: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    return np.full(c, 2.0), np.full(c, 3.0)
+
+
+# name: (the norm of (x, weight, bias), x's shape, the affine shape)
+EMPTY = {
+    "layer_norm": (lambda x, w, b: layer_norm(x, 5, w, b), (0, 3, 5), (5,)),
+    "layer_norm, no row": (lambda x, w, b: layer_norm(x, (3, 5), w, b), (2, 0, 3, 5), (3, 5)),
+    "rms_norm": (lambda x, w, b: rms_norm(x, 5, w), (0, 3, 5), (5,)),
+    "group_norm": (lambda x, w, b: group_norm(x, 2, w, b), (0, 4, 5), (4,)),
+    "batch_norm train": (lambda x, w, b: batch_norm(x, *_buffers(), w, b, training=True), (0, 3, 5), (3,)),
+    "batch_norm train (N, C)": (lambda x, w, b: batch_norm(x, *_buffers(), w, b, training=True), (0, 3), (3,)),
+    "batch_norm train, S = 0": (lambda x, w, b: batch_norm(x, None, None, w, b, training=True), (2, 3, 0), (3,)),
+    "batch_norm train, masked": (
+        lambda x, w, b: batch_norm(x, None, None, w, b, training=True, mask=np.ones((0, 5), bool)),
+        (0, 3, 5),
+        (3,),
+    ),
+    "batch_norm eval": (lambda x, w, b: batch_norm(x, *_buffers(), w, b), (0, 3, 2, 2), (3,)),
+    "instance_norm": (lambda x, w, b: instance_norm(x, *_buffers(), w, b), (0, 3, 5), (3,)),
+    "instance_norm, running stats": (
+        lambda x, w, b: instance_norm(x, *_buffers(), w, b, use_input_stats=False),
+        (0, 3, 5),
+        (3,),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY))
+def test_an_empty_batch_gives_an_empty_output_and_zero_affine_gradients(name, monkeypatch) -> None:
+    """As PyTorch: y and dx empty, dweight and dbias 0 (sums over no position), each in its tensor's
+    dtype. No kernel is reached (``kernels_for`` is the one dispatch point, for both backends): a
+    BatchNorm channel of no value would be a 0/0 there."""
+
+    def no_kernel(*arrays: np.ndarray) -> None:
+        raise AssertionError(f"an empty input reached a kernel: shapes {[np.shape(a) for a in arrays]}")
+
+    monkeypatch.setattr(_function, "kernels_for", no_kernel)
+    fn, shape, affine_shape = EMPTY[name]
+    x = Tensor(np.zeros(shape, np.float32), requires_grad=True)
+    w = Tensor(np.full(affine_shape, 2.0), requires_grad=True)  # float64 beside float32 data (docs/derivations.md §6)
+    b = Tensor(np.full(affine_shape, 1.0), requires_grad=True)
+    y = fn(x, w, b)
+    assert y.shape == shape and y.dtype == np.float32
+    y.backward(np.ones(shape, np.float32))
+    assert x.grad.shape == shape and x.grad.dtype == np.float32
+    assert w.grad.dtype == np.float64 and np.array_equal(w.grad, np.zeros(affine_shape))
+    if name != "rms_norm":  # (no bias)
+        assert b.grad.dtype == np.float64 and np.array_equal(b.grad, np.zeros(affine_shape))
+
+
+@pytest.mark.parametrize("momentum", [0.5, None])
+def test_an_empty_batch_is_counted_but_leaves_the_running_buffers_alone(momentum) -> None:
+    """PyTorch's BatchNorm module counts an empty training batch in num_batches_tracked (so that with
+    momentum=None the next batch's weight is 1/2), and has no statistic to move the buffers with."""
+    bn = nn.BatchNorm1d(3, momentum=momentum, dtype=np.float64)
+    bn.running_mean[...], bn.running_var[...] = _buffers()
+    assert bn(np.zeros((0, 3, 5))).shape == (0, 3, 5)
+    assert bn.num_batches_tracked == 1
+    np.testing.assert_array_equal(np.stack([bn.running_mean, bn.running_var]), np.stack(_buffers()))
+    x = np.arange(8.0).reshape(4, 2)[:, [0, 1, 1]]
+    bn(x)  # with momentum=None, the cumulative average over 2 batches: the empty one counts
+    m = 0.5 if momentum is None else momentum
+    np.testing.assert_allclose(bn.running_mean, (1 - m) * 2.0 + m * x.mean(axis=0), rtol=1e-15)
+    bn.eval()
+    assert bn(np.zeros((0, 3))).shape == (0, 3) and bn.num_batches_tracked == 2
+
+
+def test_an_empty_batch_updates_no_running_buffer_in_the_functionals_and_instance_norm() -> None:
+    x = np.zeros((0, 3, 5))
+    for call in (
+        lambda rm, rv: batch_norm(x, rm, rv, training=True, momentum=1.0),
+        lambda rm, rv: instance_norm(x, rm, rv, momentum=1.0),
+        lambda rm, rv: batch_norm(x, rm, rv, training=True, momentum=1.0, mask=np.ones((0, 5), bool)),
+    ):
+        rm, rv = _buffers()
+        assert call(rm, rv).shape == x.shape
+        np.testing.assert_array_equal(np.stack([rm, rv]), np.stack(_buffers()))
+    inorm = nn.InstanceNorm1d(3, momentum=1.0, track_running_stats=True, dtype=np.float64)
+    inorm.running_mean[...], inorm.running_var[...] = _buffers()
+    assert inorm(x).shape == x.shape
+    np.testing.assert_array_equal(np.stack([inorm.running_mean, inorm.running_var]), np.stack(_buffers()))
 
 
 # -- masked statistics ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import minigrad_norm.functional as F
 from minigrad_norm import nn
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from minigrad_norm.tensor import Tensor, grad
@@ -233,3 +234,98 @@ def test_float32_within_float32_tolerance_of_pytorch(shape, seed) -> None:
         (lambda t, w: group_norm(t, 1, w), lambda t, w: TF.group_norm(t, 1, w)),
     ]:
         _both(ours, theirs, [x, w], g, atol=2e-4)
+
+
+# -- an empty batch --------------------------------------------------------------------------------------------
+# name: (the norm, called as ``norm(F, x, w, b, running_mean, running_var)`` with F ours or torch's, x's shape)
+EMPTY_FUNCTIONALS = {
+    "layer_norm": (lambda f, x, w, b, rm, rv: f.layer_norm(x, (5,), w, b), (0, 3, 5)),
+    "rms_norm": (lambda f, x, w, b, rm, rv: f.rms_norm(x, (5,), w), (0, 3, 5)),
+    "group_norm": (lambda f, x, w, b, rm, rv: f.group_norm(x, 2, w, b), (0, 4, 5)),
+    "group_norm, one value per group": (lambda f, x, w, b, rm, rv: f.group_norm(x, 4, w, b), (0, 4)),
+    "batch_norm train": (lambda f, x, w, b, rm, rv: f.batch_norm(x, rm, rv, w, b, True, 0.5), (0, 4, 5)),
+    "batch_norm train (N, C)": (lambda f, x, w, b, rm, rv: f.batch_norm(x, rm, rv, w, b, True, 0.5), (0, 4)),
+    "batch_norm train, S = 0": (lambda f, x, w, b, rm, rv: f.batch_norm(x, rm, rv, w, b, True, 0.5), (2, 4, 0)),
+    "batch_norm eval": (lambda f, x, w, b, rm, rv: f.batch_norm(x, rm, rv, w, b, False), (0, 4, 2, 2)),
+    "instance_norm": (lambda f, x, w, b, rm, rv: f.instance_norm(x, rm, rv, w, b, True, 0.5), (0, 4, 5)),
+    "instance_norm, running stats": (
+        lambda f, x, w, b, rm, rv: f.instance_norm(x, rm, rv, w, b, False, 0.5),
+        (0, 4, 5),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY_FUNCTIONALS))
+def test_empty_batch_like_pytorch(name, rng) -> None:
+    """An empty output, an empty dx, dweight = dbias = 0, and the running buffers as they were."""
+    norm, shape = EMPTY_FUNCTIONALS[name]
+    affine_shape = shape[-1:] if name in ("layer_norm", "rms_norm") else shape[1:2]
+    # torch 2.13's instance_norm raises IndexError on an empty batch with a weight or bias: without them here
+    w, b = _affine(rng, affine_shape, "none" if name.startswith("instance_norm") else "both")
+    rm, rv = rng.standard_normal(4), rng.uniform(0.5, 2.0, 4)
+    rm_t, rv_t = torch.tensor(rm), torch.tensor(rv)
+    before = rm.copy(), rv.copy()
+    _both(
+        lambda x, w, b: norm(F, x, w, b, rm, rv),
+        lambda x, w, b: norm(TF, x, w, b, rm_t, rv_t),
+        [np.zeros(shape), w, None if name == "rms_norm" else b],
+        np.zeros(shape),
+    )
+    for ours, theirs, old in zip((rm, rv), (rm_t, rv_t), before):
+        np.testing.assert_array_equal(ours, old)
+        if name == "instance_norm":  # torch averages no instance statistic into its buffers: NaN (docs §6)
+            assert torch.isnan(theirs).all()
+        else:
+            np.testing.assert_array_equal(theirs.numpy(), old)
+
+
+EMPTY_MODULES = [  # (PyTorch's InstanceNorm modules raise IndexError on an empty batch: not compared)
+    ("BatchNorm1d", (3,), {"momentum": 0.5}, (5, 3, 4)),
+    ("BatchNorm1d", (3,), {"momentum": None}, (5, 3)),
+    ("BatchNorm2d", (3,), {"affine": False}, (2, 3, 2, 2)),
+    ("BatchNorm1d", (3,), {"track_running_stats": False}, (5, 3)),
+    ("GroupNorm", (2, 4), {}, (3, 4, 5)),
+    ("LayerNorm", (5,), {}, (2, 3, 5)),
+    ("RMSNorm", (5,), {}, (2, 3, 5)),
+]
+
+
+@pytest.mark.parametrize("name, args, kwargs, shape", EMPTY_MODULES, ids=[f"{m[0]}-{m[2]}" for m in EMPTY_MODULES])
+def test_module_over_empty_and_real_batches_like_pytorch(name, args, kwargs, shape, rng) -> None:
+    """Train on an empty batch, a real one, an empty one, then eval on an empty one: the same outputs,
+    gradients and state (an empty training batch counts in num_batches_tracked, moves no buffer)."""
+    ours = getattr(nn, name)(*args, dtype=np.float64, **kwargs)
+    theirs = getattr(torch.nn, name)(*args, dtype=torch.float64, **kwargs)
+    for p, pt in zip(ours.parameters(), theirs.parameters()):
+        p.data[...] = rng.standard_normal(p.shape)
+        pt.data[...] = torch.tensor(p.data)
+    empty = (0, *shape[1:])
+    for step, batch in enumerate([empty, shape, empty, empty]):
+        if step == 3:
+            ours.eval()
+            theirs.eval()
+        x, g = rng.standard_normal(batch) + 1, rng.standard_normal(batch)
+        xo, xt = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+        y, yt = ours(xo), theirs(xt)
+        np.testing.assert_allclose(y.data, yt.detach().numpy(), atol=1e-12, rtol=1e-10)
+        got = grad(y, [xo, *ours.parameters()], g)
+        want = torch.autograd.grad(yt, [xt, *theirs.parameters()], torch.tensor(g))
+        for a, e in zip(got, want):
+            np.testing.assert_allclose(a, e.numpy(), atol=1e-11, rtol=1e-9)
+        state, state_t = ours.state_dict(), theirs.state_dict()
+        assert sorted(state) == sorted(state_t)
+        for k in state:
+            np.testing.assert_allclose(state[k], state_t[k].numpy(), atol=1e-13, rtol=1e-12, err_msg=k)
+
+
+@pytest.mark.parametrize("given", ["running_mean", "running_var"])
+@pytest.mark.parametrize("fn", ["batch_norm", "instance_norm"])
+def test_a_lone_running_buffer_is_refused_like_pytorch(fn, given) -> None:
+    x = np.zeros((2, 3, 4))
+    buffers = {"running_mean": None, "running_var": None, given: np.ones(3)}
+    message = "running_mean and running_var must either both be None or neither be None"
+    buffers_t = [None if v is None else torch.tensor(v) for v in buffers.values()]
+    with pytest.raises(ValueError, match=message):
+        getattr(TF, fn)(torch.tensor(x), *buffers_t, None, None, True)
+    with pytest.raises(ValueError, match=f"{fn}: {message}"):
+        getattr(F, fn)(x, *buffers.values(), None, None, True)

@@ -111,7 +111,8 @@ def norm_forward(
     if m4 is not None:
         y = np.where(m4, y, 0)
     if out is None:
-        out = np.empty(x.shape, dtype=x.dtype)
+        # x's dtype; complex if a complex weight or bias (a complex step) made y complex
+        out = np.empty(x.shape, dtype=np.result_type(x.dtype, y.dtype) if np.iscomplexobj(y) else x.dtype)
     out[...] = y
     stat_shape = (x.shape[1],) if reduce_batch else x.shape[:2]
     mean = np.broadcast_to(mean, var.shape).reshape(stat_shape)

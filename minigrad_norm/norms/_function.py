@@ -28,6 +28,12 @@ mean_g(.) the mean over a group, dxhat = dy * weight:
 
 xhat is recomputed from (x, mean, rstd) rather than saved: one array saved
 instead of two, at the price of one fused multiply-subtract in the backward.
+
+An empty input (N = 0, or any other zero-size dim) has no statistic to compute.
+As in PyTorch, it gives an empty output, leaves the running buffers alone, and
+its backward gives an empty dx and zero dweight/dbias (no position contributes
+to their sums). It reaches no kernel: there is nothing to compute, and for a
+BatchNorm channel of N = 0 samples the kernels would divide 0 by 0.
 """
 
 from __future__ import annotations
@@ -51,11 +57,12 @@ class RunningStats:
 
     ``new = (1 - momentum) * old + momentum * batch_stat``, with the *unbiased*
     batch variance ``var * count / (count - 1)``. Per-sample statistics (N, C)
-    (InstanceNorm) are averaged over N first, as PyTorch does.
+    (InstanceNorm) are averaged over N first, as PyTorch does. Both buffers are
+    there (``check_buffer_pair``).
     """
 
-    mean: np.ndarray | None
-    var: np.ndarray | None
+    mean: np.ndarray
+    var: np.ndarray
     momentum: float
 
     def update(self, mean: np.ndarray, var: np.ndarray, count: np.ndarray) -> None:
@@ -65,10 +72,8 @@ class RunningStats:
         if mean.ndim == 2:  # per-sample statistics: average over the batch
             mean, unbiased = mean.mean(axis=0), unbiased.mean(axis=0)
         m = self.momentum
-        if self.mean is not None:
-            self.mean[...] = (1 - m) * self.mean + m * mean
-        if self.var is not None:
-            self.var[...] = (1 - m) * self.var + m * unbiased
+        self.mean[...] = (1 - m) * self.mean + m * mean
+        self.var[...] = (1 - m) * self.var + m * unbiased
 
 
 class Normalize(Function):
@@ -103,13 +108,18 @@ class Normalize(Function):
         stats: tuple[np.ndarray, np.ndarray] | None = None,
         running: RunningStats | None = None,
     ) -> np.ndarray:
-        if stats is not None:  # per channel, shape (G,); copied, so a later buffer update cannot reach the backward
+        # given statistics: per channel, shape (G,); copied, so that a later update of the buffers cannot reach
+        # the backward, which stays the derivative of what this forward computed (docs/derivations.md §6)
+        if stats is not None:
             reduce_batch, stats = True, (np.array(stats[0], copy=True), np.array(stats[1], copy=True))
         x4 = np.ascontiguousarray(x).reshape(view)
+        if x4.size == 0:  # nothing to normalize: no statistic, no kernel, no buffer update (module docstring)
+            ctx.save_for_backward(x4, None, None, None)
+            return np.empty(x.shape, dtype=x.dtype)
         affine_shape = view[1:3]
         w2 = None if weight is None else np.ascontiguousarray(weight).reshape(affine_shape)
         b2 = None if bias is None else np.ascontiguousarray(bias).reshape(affine_shape)
-        y, mean, var = kernels_for(x4).norm_forward(
+        y, mean, var = kernels_for(x4, w2, b2).norm_forward(
             x4, w2, b2, eps, centered=centered, reduce_batch=reduce_batch, mask=mask, stats=stats
         )
         if running is not None and stats is None:
@@ -124,11 +134,13 @@ class Normalize(Function):
     @staticmethod
     def backward(ctx: Context, dy: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         x4, mean, rstd, w2 = ctx.saved_tensors
+        if x4.size == 0:
+            return empty_input_gradients(ctx)
         need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         if w2 is None and need_b:  # bias without weight: dbias is the core's dbias with weight = 1
             w2 = np.ones(x4.shape[1:3], dtype=ctx.inputs[2].dtype)
         dy4 = np.ascontiguousarray(dy).reshape(x4.shape)
-        dx, dw, db = kernels_for(x4, dy4).norm_backward(
+        dx, dw, db = kernels_for(x4, dy4, w2).norm_backward(
             dy4, x4, mean, rstd, w2, fixed_stats=ctx.fixed_stats, need_affine_grads=need_w or need_b, **ctx.options
         )
         w_shape, b_shape = ctx.affine_shapes
@@ -137,6 +149,16 @@ class Normalize(Function):
             dw.reshape(w_shape) if need_w else None,
             db.reshape(b_shape) if need_b else None,
         )
+
+
+def empty_input_gradients(ctx: Context) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """dx, dweight, dbias of an empty input: zeros of each input's shape and dtype, where asked for.
+
+    dweight and dbias are sums over no position, so 0, as in PyTorch.
+    """
+    return tuple(
+        np.zeros(t.shape, dtype=t.dtype) if needed else None for t, needed in zip(ctx.inputs, ctx.needs_input_grad)
+    )
 
 
 def group_count(view: View, reduce_batch: bool, mask: np.ndarray | None) -> np.ndarray:
@@ -210,12 +232,16 @@ def check_mask(op: str, mask: Any, x_shape: tuple[int, ...]) -> np.ndarray | Non
         raise ValueError(
             f"{op}: mask must have shape (N, *spatial) = {expected} for an input of shape {x_shape}, got {m.shape}"
         )
-    return np.ascontiguousarray(m).reshape(x_shape[0], -1)
+    return np.ascontiguousarray(m).reshape(x_shape[0], math.prod(x_shape[2:]))  # (not -1: N may be 0)
 
 
 def check_count(op: str, counts: np.ndarray, what: str, x_shape: tuple[int, ...], masked: bool) -> None:
-    """Training statistics need at least 2 values each: with 1 the output would be ``bias`` whatever x."""
-    if counts.size and counts.min() <= 1:
+    """Training statistics need at least 2 values each: with 1 the output would be ``bias`` whatever x.
+
+    An empty input (N = 0) computes no statistic, so it passes, as in PyTorch (whose check is
+    ``size == 1``), even though its counts are 0.
+    """
+    if math.prod(x_shape) and counts.min() <= 1:
         where = f" (the mask leaves {int(counts.min())} valid value(s) for some statistic)" if masked else ""
         raise ValueError(
             f"{op}: Expected more than 1 {what} when training, got input size {x_shape}{where}: with a single "
@@ -236,9 +262,19 @@ def check_running(op: str, name: str, value: Any, c: int) -> np.ndarray | None:
     return value
 
 
+def check_buffer_pair(op: str, mean: np.ndarray | None, var: np.ndarray | None) -> None:
+    """Both running buffers or neither (PyTorch's ValueError): one alone would be updated in training
+    while its partner goes stale, and cannot normalize in evaluation."""
+    if (mean is None) != (var is None):
+        given = "running_mean" if var is None else "running_var"
+        raise ValueError(
+            f"{op}: running_mean and running_var must either both be None or neither be None, got only {given}"
+        )
+
+
 def running_stats(op: str, mean: np.ndarray | None, var: np.ndarray | None, momentum: Any) -> RunningStats | None:
     """The buffers a training-mode forward updates, or None when there are none."""
-    if mean is None and var is None:
+    if mean is None or var is None:  # (both, after check_buffer_pair)
         return None
     if momentum is None:
         raise TypeError(
@@ -283,6 +319,7 @@ def channel_norm(
     x, weight, bias, eps, view = channel_args(op, x, weight, bias, eps)
     running_mean = check_running(op, "running_mean", running_mean, view[1])
     running_var = check_running(op, "running_var", running_var, view[1])
+    check_buffer_pair(op, running_mean, running_var)
     mask = check_mask(op, mask, x.shape)
     if not input_stats:
         stats = given_stats(op, running_mean, running_var, flag)

@@ -62,8 +62,9 @@ def batch_norm(
     """BatchNorm of an (N, C, *) input (PyTorch's ``F.batch_norm``, plus ``mask``).
 
     In training the batch statistics normalize x and, when given, the running
-    buffers (float ndarrays of shape (C,)) are updated in place with the
-    unbiased variance. In evaluation (``training=False``) the running buffers
+    buffers (float ndarrays of shape (C,), both or neither, as in PyTorch) are
+    updated in place with the unbiased variance; an empty batch (N = 0) leaves
+    them as they are. In evaluation (``training=False``) the running buffers
     normalize x and are required. ``momentum=None`` needs the module's batch
     counter (``nn.BatchNorm1d``) and is refused here.
     """

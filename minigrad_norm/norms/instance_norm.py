@@ -58,6 +58,7 @@ def instance_norm(
 
     With ``use_input_stats`` each (n, c) needs more than one spatial element
     (with one, the output would be ``bias`` whatever the input): ValueError.
+    The running buffers are both given or both None, as in PyTorch.
     """
     return channel_norm(
         x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps, mask, reduce_batch=False
