@@ -367,3 +367,26 @@ def test_backward_uses_the_statistics_of_its_forward_even_if_the_buffers_change(
         grads.append((xt.grad, wt.grad))
     for a, b in zip(*grads):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_each_affine_gradient_has_its_own_dtype_and_full_precision(backend, rng) -> None:
+    """A float32 weight beside a float64 bias (docs/derivations.md §6): dbias is float64 and as exact as
+    with a float64 weight, not a float32 rounding of it; dweight is float32."""
+    import minigrad_norm as mg
+
+    x = rng.standard_normal((64, 6))
+    dy = rng.standard_normal((64, 6))
+    w32 = rng.standard_normal(6).astype(np.float32)
+    with mg.use_backend(backend):
+        grads = {}
+        for wdtype in (np.float32, np.float64):
+            w = Tensor(w32.astype(wdtype), requires_grad=True)
+            b = Tensor(np.full(6, 0.5), requires_grad=True)
+            layer_norm(Tensor(x), 6, w, b).backward(dy)
+            grads[wdtype] = (w.grad, b.grad)
+    (dw32, db), (dw64, db64) = grads[np.float32], grads[np.float64]
+    assert dw32.dtype == np.float32 and db.dtype == np.float64
+    np.testing.assert_array_equal(db, db64)  # the same float64 sums
+    np.testing.assert_allclose(db, dy.sum(axis=0), rtol=1e-13)
+    np.testing.assert_allclose(dw32, dw64, rtol=1e-6)

@@ -139,6 +139,10 @@ class Normalize(Function):
         need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         if w2 is None and need_b:  # bias without weight: dbias is the core's dbias with weight = 1
             w2 = np.ones(x4.shape[1:3], dtype=ctx.inputs[2].dtype)
+        elif need_b and ctx.inputs[2].dtype != w2.dtype:
+            # the kernels return dbias in the weight's dtype: widened (exactly), a float32 weight does not
+            # round a float64 bias's gradient to float32
+            w2 = w2.astype(np.result_type(w2.dtype, ctx.inputs[2].dtype))
         dy4 = np.ascontiguousarray(dy).reshape(x4.shape)
         dx, dw, db = kernels_for(x4, dy4, w2).norm_backward(
             dy4, x4, mean, rstd, w2, fixed_stats=ctx.fixed_stats, need_affine_grads=need_w or need_b, **ctx.options
@@ -146,8 +150,8 @@ class Normalize(Function):
         w_shape, b_shape = ctx.affine_shapes
         return (
             dx.reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None,
-            dw.reshape(w_shape) if need_w else None,
-            db.reshape(b_shape) if need_b else None,
+            dw.reshape(w_shape).astype(ctx.inputs[1].dtype, copy=False) if need_w else None,
+            db.reshape(b_shape).astype(ctx.inputs[2].dtype, copy=False) if need_b else None,
         )
 
 
