@@ -221,6 +221,7 @@ EMPTY = {
     "layer_norm": (lambda x, w, b: layer_norm(x, 5, w, b), (0, 3, 5), (5,)),
     "layer_norm, no row": (lambda x, w, b: layer_norm(x, (3, 5), w, b), (2, 0, 3, 5), (3, 5)),
     "rms_norm": (lambda x, w, b: rms_norm(x, 5, w), (0, 3, 5), (5,)),
+    "layer_norm, D = 0": (lambda x, w, b: layer_norm(x, (2, 0), w, b), (3, 2, 0), (2, 0)),
     "group_norm": (lambda x, w, b: group_norm(x, 2, w, b), (0, 4, 5), (4,)),
     "batch_norm train": (lambda x, w, b: batch_norm(x, *_buffers(), w, b, training=True), (0, 3, 5), (3,)),
     "batch_norm train (N, C)": (lambda x, w, b: batch_norm(x, *_buffers(), w, b, training=True), (0, 3), (3,)),

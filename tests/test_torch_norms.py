@@ -241,6 +241,8 @@ def test_float32_within_float32_tolerance_of_pytorch(shape, seed) -> None:
 EMPTY_FUNCTIONALS = {
     "layer_norm": (lambda f, x, w, b, rm, rv: f.layer_norm(x, (5,), w, b), (0, 3, 5)),
     "rms_norm": (lambda f, x, w, b, rm, rv: f.rms_norm(x, (5,), w), (0, 3, 5)),
+    "layer_norm, D = 0": (lambda f, x, w, b, rm, rv: f.layer_norm(x, (0,), w, b), (2, 3, 0)),
+    "rms_norm, D = 0": (lambda f, x, w, b, rm, rv: f.rms_norm(x, (0,), w), (2, 3, 0)),
     "group_norm": (lambda f, x, w, b, rm, rv: f.group_norm(x, 2, w, b), (0, 4, 5)),
     "group_norm, one value per group": (lambda f, x, w, b, rm, rv: f.group_norm(x, 4, w, b), (0, 4)),
     "batch_norm train": (lambda f, x, w, b, rm, rv: f.batch_norm(x, rm, rv, w, b, True, 0.5), (0, 4, 5)),
@@ -259,7 +261,7 @@ EMPTY_FUNCTIONALS = {
 def test_empty_batch_like_pytorch(name, rng) -> None:
     """An empty output, an empty dx, dweight = dbias = 0, and the running buffers as they were."""
     norm, shape = EMPTY_FUNCTIONALS[name]
-    affine_shape = shape[-1:] if name in ("layer_norm", "rms_norm") else shape[1:2]
+    affine_shape = shape[-1:] if name.startswith(("layer_norm", "rms_norm")) else shape[1:2]
     # torch 2.13's instance_norm raises IndexError on an empty batch with a weight or bias: without them here
     w, b = _affine(rng, affine_shape, "none" if name.startswith("instance_norm") else "both")
     rm, rv = rng.standard_normal(4), rng.uniform(0.5, 2.0, 4)
@@ -268,7 +270,7 @@ def test_empty_batch_like_pytorch(name, rng) -> None:
     _both(
         lambda x, w, b: norm(F, x, w, b, rm, rv),
         lambda x, w, b: norm(TF, x, w, b, rm_t, rv_t),
-        [np.zeros(shape), w, None if name == "rms_norm" else b],
+        [np.zeros(shape), w, None if name.startswith("rms_norm") else b],
         np.zeros(shape),
     )
     for ours, theirs, old in zip((rm, rv), (rm_t, rv_t), before):

@@ -51,13 +51,13 @@ from minigrad_norm.tensor import Tensor
 def row_view(op: str, x_shape: tuple[int, ...], normalized_shape: int | Sequence[int]) -> tuple[tuple[int, ...], View]:
     """``normalized_shape`` as a tuple, and the (rows, 1, D, 1) view; the trailing dims must match."""
     shape = (int(normalized_shape),) if isinstance(normalized_shape, int | np.integer) else tuple(normalized_shape)
-    if not shape or any(d <= 0 for d in shape) or x_shape[len(x_shape) - len(shape) :] != shape:
+    if not shape or any(d < 0 for d in shape) or x_shape[len(x_shape) - len(shape) :] != shape:
         raise ValueError(
             f"{op}: normalized_shape={shape} must be non-empty and equal the input's trailing dims, "
             f"but the input has shape {x_shape}"
         )
-    d = math.prod(shape)
-    return shape, (math.prod(x_shape) // d, 1, d, 1)
+    # (rows as a product, not size // D: a normalized_shape with a 0, as PyTorch allows, is an empty input)
+    return shape, (math.prod(x_shape[: len(x_shape) - len(shape)]), 1, math.prod(shape), 1)
 
 
 def layer_norm(
