@@ -117,6 +117,29 @@ def test_key_padding_mask_hides_padded_keys(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(y2[1], y[1])
 
 
+def test_a_query_with_every_key_masked_attends_to_nothing(rng: np.random.Generator) -> None:
+    """Its softmax would be 0/0: its row of P is 0, so it outputs 0 and passes no gradient (PyTorch's
+    scaled_dot_product_attention; compared with torch in test_torch_transformer.py), and the other
+    queries are as if it were not there."""
+    x = Tensor(rng.standard_normal((2, 4, 8)), requires_grad=True)
+    mask = np.zeros((2, 1, 4, 4), dtype=bool)
+    mask[0, :, 1, :] = True  # query 1 of sample 0 sees no key
+    out = attention(x, x * 2.0, x * 3.0, 2, mask)
+    g = rng.standard_normal(out.shape)
+    out.backward(g)
+    assert np.all(np.isfinite(out.data)) and np.all(np.isfinite(x.grad))
+    np.testing.assert_array_equal(out.data[0, 1], 0.0)
+    full = attention(x, x * 2.0, x * 3.0, 2, None).data  # sample 1 unmasked
+    np.testing.assert_allclose(out.data[1], full[1], rtol=1e-12)
+    # the dead query's own gradient is only what flows through its keys and values (their rows of P are
+    # the others'): without that query's output in the loss the gradient is the same
+    x2 = Tensor(x.data, requires_grad=True)
+    g2 = g.copy()
+    g2[0, 1] = 0.0
+    attention(x2, x2 * 2.0, x2 * 3.0, 2, mask).backward(g2)
+    np.testing.assert_allclose(x.grad, x2.grad, rtol=1e-12, atol=1e-12)
+
+
 def test_attention_rejects_bad_masks_and_shapes(rng: np.random.Generator) -> None:
     attn = MultiHeadSelfAttention(8, 2, rng=rng)
     x = Tensor(rng.standard_normal((2, 3, 8)).astype(np.float32))
@@ -124,8 +147,10 @@ def test_attention_rejects_bad_masks_and_shapes(rng: np.random.Generator) -> Non
         attn(x, key_padding_mask=np.zeros((2, 3)))
     with pytest.raises(ValueError, match=r"key_padding_mask must have shape"):
         attn(x, key_padding_mask=np.zeros((3, 2), dtype=bool))
-    with pytest.raises(ValueError, match="every key masked"):
-        attn(x, key_padding_mask=np.ones((2, 3), dtype=bool))
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        attention(x, x, x, 2, np.zeros((1, 1, 3, 3)))
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 1, 3, 3\) does not broadcast"):
+        attention(x, x, x, 2, np.zeros((3, 1, 3, 3), dtype=bool))
     with pytest.raises(ValueError, match="d_model=8"):
         attn(Tensor(np.zeros((2, 3, 4), dtype=np.float32)))
     with pytest.raises(ValueError, match="divisible"):

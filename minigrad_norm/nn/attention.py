@@ -43,6 +43,11 @@ class Attention(Function):
 
         S = c Q K^T;  S[M] = -inf;  P = softmax(S, keys);  O = P V
 
+    A query whose every key is masked has no softmax (0/0): its row of P is 0, so its output is 0 and
+    it passes no gradient, as in PyTorch's ``scaled_dot_product_attention`` (the path its
+    ``TransformerEncoderLayer`` and ``MultiheadAttention(need_weights=False)`` take). Left padding
+    under a causal mask makes such queries: the padded positions before the first real token.
+
     Backward, from G = dL/dO (the softmax rule dS = P * (dP - rowsum(dP * P))
     gives masked entries zero gradient, since P is 0 there)::
 
@@ -60,11 +65,17 @@ class Attention(Function):
         qh, kh, vh = (_split_heads(a, n_heads) for a in (q, k, v))
         scale = 1.0 / math.sqrt(qh.shape[-1])
         s = (qh @ kh.swapaxes(-1, -2)) * scale
+        dead = None
         if mask is not None:
             s = np.where(mask, np.asarray(-np.inf, dtype=s.dtype), s)
+            dead = np.all(mask, axis=-1, keepdims=True)  # queries with every key masked
+            if dead.any():
+                s = np.where(dead, np.asarray(0, dtype=s.dtype), s)  # a finite row, zeroed below
         s -= s.max(axis=-1, keepdims=True)
         p = np.exp(s, out=s)
         p /= p.sum(axis=-1, keepdims=True)
+        if dead is not None and dead.any():
+            p = np.where(dead, np.asarray(0, dtype=p.dtype), p)
         ctx.n_heads, ctx.scale = n_heads, scale
         ctx.save_for_backward(qh, kh, vh, p)
         return _merge_heads(p @ vh)
@@ -95,8 +106,6 @@ def attention_mask(batch: int, seq: int, causal: bool, key_padding_mask: Any = N
             )
         kpm = kpm[:, None, None, :]
         mask = kpm if mask is None else mask | kpm
-    if mask is not None and np.any(np.all(mask, axis=-1)):
-        raise ValueError("attention: a query position has every key masked (its softmax would be 0/0)")
     return mask
 
 
@@ -108,6 +117,20 @@ def attention(q: Tensor, k: Tensor, v: Tensor, n_heads: int, mask: np.ndarray | 
         )
     if q.shape[-1] % n_heads:
         raise ValueError(f"attention: d_model={q.shape[-1]} is not divisible by n_heads={n_heads}")
+    if mask is not None:
+        mask = np.asarray(mask.data if isinstance(mask, Tensor) else mask)
+        b, t = q.shape[:2]
+        if mask.dtype != np.bool_:  # (a float mask is additive in PyTorch: not the same thing)
+            raise TypeError(f"attention: mask must be boolean (True = may not attend), got dtype {mask.dtype}")
+        target = (b, n_heads, t, t)
+        try:
+            fits = np.broadcast_shapes(mask.shape, target) == target
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"attention: mask of shape {mask.shape} does not broadcast to (batch, heads, seq, seq) = {target}"
+            )
     return Attention.apply(q, k, v, n_heads, mask)
 
 
