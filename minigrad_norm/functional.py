@@ -183,7 +183,9 @@ class CrossEntropy(Function):
     With p = softmax(logits) and the one-hot target e_t:
     dL/dlogits = g * (p - e_t) for each counted target, divided by the number
     of counted targets under ``reduction="mean"``; targets equal to
-    ``ignore_index`` contribute nothing and get zero gradient.
+    ``ignore_index`` contribute nothing and get zero gradient. With every target
+    ignored the mean is 0 / 0 = nan and the gradient zero, as in PyTorch.
+    Logits must be (N, C, ...): PyTorch's unbatched (C,) form is not supported.
     """
 
     @staticmethod
@@ -194,7 +196,12 @@ class CrossEntropy(Function):
             raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         if targets.dtype.kind not in "iu":
             raise TypeError(f"cross_entropy: targets must be class indices (integers), got dtype {targets.dtype}")
-        if logits.ndim < 2 or targets.shape != logits.shape[:1] + logits.shape[2:]:
+        if logits.ndim < 2:
+            raise ValueError(
+                f"cross_entropy: logits must have at least 2 dims (N, C, ...), got shape {logits.shape} "
+                "(the unbatched (C,) form is not supported: pass logits[None] and targets[None])"
+            )
+        if targets.shape != logits.shape[:1] + logits.shape[2:]:
             raise ValueError(
                 f"cross_entropy: logits of shape {logits.shape} (N, C, ...) need targets of shape "
                 f"{logits.shape[:1] + logits.shape[2:]}, got {targets.shape}"
@@ -205,20 +212,29 @@ class CrossEntropy(Function):
             raise IndexError(f"cross_entropy: target out of range for {n_classes} classes")
         log_p = log_softmax_array(np.moveaxis(logits, 1, -1), axis=-1)  # classes last: (..., C)
         safe_t = np.where(counted, targets, 0)
-        nll = -np.take_along_axis(log_p, safe_t[..., None], axis=-1)[..., 0] * counted
+        picked = np.take_along_axis(log_p, safe_t[..., None], axis=-1)[..., 0]
+        # where, not `* counted`: an ignored row may pick a -inf log-probability, and -(-inf) * 0 is nan
+        nll = np.where(counted, -picked, np.zeros((), dtype=picked.dtype))
         ctx.reduction, ctx.count = reduction, int(counted.sum())
         ctx.save_for_backward(log_p, safe_t, counted)
         if reduction == "none":
             return nll
         total = np.sum(nll)
-        return total / ctx.count if reduction == "mean" else total
+        if reduction == "sum":
+            return total
+        with np.errstate(invalid="ignore"):  # every target ignored: 0 / 0 = nan, as PyTorch, without a warning
+            return total / ctx.count
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, None]:
         log_p, safe_t, counted = ctx.saved_tensors
         d = np.exp(log_p)
         np.put_along_axis(d, safe_t[..., None], np.take_along_axis(d, safe_t[..., None], axis=-1) - 1, axis=-1)
-        scale = g[..., None] if ctx.reduction == "none" else g / ctx.count if ctx.reduction == "mean" else g
+        # With every target ignored the mean is 0 / 0, but no logit reaches it: the gradient is 0 (as
+        # PyTorch), so divide by at least 1 rather than make inf * 0 = nan.
+        scale = g[..., None] if ctx.reduction == "none" else g / max(ctx.count, 1) if ctx.reduction == "mean" else g
+        # A product, unlike the forward's np.where: a nan in an ignored row's logits reaches its
+        # gradient, as in PyTorch (whose log_softmax backward spreads it). A -inf gives 0, not nan.
         d *= scale * counted[..., None]
         return np.moveaxis(d, -1, 1), None
 

@@ -150,7 +150,15 @@ class Div(Function):
 
 
 class Pow(Function):
-    """y = a ** b;  dL/da = g * b * a^(b-1),  dL/db = g * y * log(a)  (b a tensor, a > 0)."""
+    """y = a ** b;  dL/da = g * b * a^(b-1), but 0 where b = 0;
+    dL/db = g * y * log(a) (b a tensor), but 0 where a = 0 and b >= 0.
+
+    The two exceptions are PyTorch's (``pow_backward_self``, ``pow_backward_exponent``):
+    there the formulas give 0 * inf or 0 * log(0) = nan, while a^0 = 1 is constant in a
+    and 0^b = 0 constant in b > 0. Elsewhere the formulas hold as written, as in PyTorch:
+    a negative base gives a nan dL/db (log of a negative number), and a = 0 with b < 1,
+    b != 0, an infinite dL/da.
+    """
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray, b: Any) -> np.ndarray:
@@ -162,8 +170,14 @@ class Pow(Function):
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
         a, b, y = ctx.saved_tensors
-        da = unbroadcast(g * b * a ** (b - 1), np.shape(a)) if ctx.needs_input_grad[0] else None
-        db = unbroadcast(g * y * np.log(a), np.shape(b)) if ctx.needs_input_grad[1] else None
+        zero = np.zeros((), dtype=g.dtype)
+        da = db = None
+        # The masked-out entries are the 0 * inf and 0 * log(0) computed before np.where discards them.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if ctx.needs_input_grad[0]:
+                da = unbroadcast(np.where(b == 0, zero, g * b * a ** (b - 1)), np.shape(a))
+            if ctx.needs_input_grad[1]:
+                db = unbroadcast(g * np.where((a == 0) & (b >= 0), zero, y * np.log(a)), np.shape(b))
         return da, db
 
 
@@ -374,9 +388,12 @@ class Permute(Function):
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
-        if sorted(d % builtins.max(a.ndim, 1) for d in dims) != list(range(a.ndim)):
+        # The range is checked first: modulo ndim alone would let 3 pass as axis 1 of a 2-d tensor.
+        in_range = all(-a.ndim <= d < a.ndim for d in dims)
+        if not in_range or sorted(d % a.ndim for d in dims) != list(range(a.ndim)):
             raise ValueError(
-                f"permute: dims {tuple(dims)} are not a permutation of the axes of a tensor of shape {a.shape}"
+                f"permute: dims {tuple(dims)} are not a permutation of the axes of a tensor of shape {a.shape} "
+                f"(each dim must be in [{-a.ndim}, {a.ndim}), each axis named once)"
             )
         ctx.inverse = tuple(np.argsort([d % a.ndim for d in dims]))
         return np.transpose(a, dims)

@@ -49,7 +49,7 @@ class Optimizer:
         for k, p in enumerate(self.params):
             if not isinstance(p, Tensor) or not p.is_leaf:
                 raise TypeError(f"{type(self).__name__}: parameter {k} is not a leaf Tensor")
-        if not lr >= 0.0:
+        if not lr >= 0.0:  # not `lr < 0.0`, which a nan lr would pass
             raise ValueError(f"{type(self).__name__}: invalid learning rate lr={lr}")
         self.lr = lr
 
@@ -80,8 +80,11 @@ class SGD(Optimizer):
         nesterov: bool = False,
     ) -> None:
         super().__init__(params, lr)
-        if momentum < 0.0 or weight_decay < 0.0:
+        # Written so that nan fails (nan >= 0 is False). PyTorch's SGD accepts nan and trains on nan.
+        if not (momentum >= 0.0 and weight_decay >= 0.0):
             raise ValueError(f"SGD: momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0")
+        if math.isnan(dampening):
+            raise ValueError("SGD: dampening must be a number, got nan")
         if nesterov and (momentum <= 0.0 or dampening != 0.0):
             raise ValueError("SGD: nesterov momentum requires momentum > 0 and dampening = 0")
         self.momentum, self.dampening, self.weight_decay, self.nesterov = momentum, dampening, weight_decay, nesterov
@@ -116,7 +119,7 @@ class Adam(Optimizer):
         super().__init__(params, lr)
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
-        if eps < 0.0 or weight_decay < 0.0:
+        if not (eps >= 0.0 and weight_decay >= 0.0):  # written so that nan fails, as in PyTorch
             raise ValueError(f"{type(self).__name__}: eps ({eps}) and weight_decay ({weight_decay}) must be >= 0")
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
         self.exp_avg = [np.zeros_like(p.data) for p in self.params]
@@ -172,9 +175,9 @@ class WarmupSchedule:
     def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int = 0, decay: str = "constant") -> None:
         if decay not in ("constant", "linear", "cosine"):
             raise ValueError(f"WarmupSchedule: decay must be 'constant', 'linear' or 'cosine', got {decay!r}")
-        if warmup_steps < 0:
+        if not warmup_steps >= 0:  # written so that nan fails
             raise ValueError(f"WarmupSchedule: warmup_steps must be >= 0, got {warmup_steps}")
-        if decay != "constant" and total_steps <= warmup_steps:
+        if decay != "constant" and not total_steps > warmup_steps:
             raise ValueError(f"WarmupSchedule: total_steps ({total_steps}) must exceed warmup_steps ({warmup_steps})")
         self.optimizer, self.base_lr = optimizer, optimizer.lr
         self.warmup_steps, self.total_steps, self.decay = warmup_steps, total_steps, decay

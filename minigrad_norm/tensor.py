@@ -397,12 +397,18 @@ def grad(
 ) -> tuple[np.ndarray, ...]:
     """d(output)/d(input) contracted with ``gradient``, for each input, without touching ``.grad``.
 
-    Like ``torch.autograd.grad``: an input the output does not depend on gets zeros.
+    Like ``torch.autograd.grad``: an input the output does not depend on gets zeros, and an
+    input that does not require grad raises ``RuntimeError``. Each result is a fresh writable
+    array, as ``.grad`` is after ``backward``.
     """
+    for k, t in enumerate(inputs):
+        if not t.requires_grad:  # its gradient would be zeros whatever the graph: most likely a mistake
+            raise RuntimeError(
+                f"grad: one of the differentiated Tensors does not require grad: input {k}, of shape {t.shape}"
+            )
     grads = backprop(output, gradient, retain_graph, keep=inputs)
-    return tuple(
-        np.asarray(grads[id(t)][1], dtype=t.dtype) if id(t) in grads else np.zeros_like(t.data) for t in inputs
-    )
+    # np.array copies: a backward may hand back a read-only broadcast view, or the caller's own `gradient`
+    return tuple(np.array(grads[id(t)][1], dtype=t.dtype) if id(t) in grads else np.zeros_like(t.data) for t in inputs)
 
 
 def _topological_order(root: Tensor) -> list[Tensor]:

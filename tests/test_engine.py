@@ -107,6 +107,29 @@ def test_grad_function_does_not_touch_dot_grad():
     assert x.grad is None and w.grad is None
 
 
+def test_grad_refuses_an_input_that_does_not_require_grad():
+    """As torch.autograd.grad; it used to return zeros, hiding a forgotten requires_grad=True."""
+    x, c = leaf([1.0, 2.0]), Tensor(np.ones((2, 3)))
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape("one of the differentiated Tensors does not require grad: input 1, of shape (2, 3)"),
+    ):
+        mg.grad((x * 2.0).sum() + c.sum(), [x, c])
+
+
+def test_grad_returns_fresh_writable_arrays():
+    """Sum's backward hands back a read-only broadcast view, Add's the incoming gradient itself."""
+    x = leaf(np.ones((2, 3)))
+    (gx,) = mg.grad(x.sum(), [x])
+    assert gx.flags.writeable
+    gx += 1.0  # as one may with .grad
+    g = np.ones((2, 3))
+    for out in (x + 1.0, x):
+        (gx,) = mg.grad(out, [x], gradient=g)
+        assert gx.flags.writeable and not np.shares_memory(gx, g)
+        np.testing.assert_array_equal(gx, g)
+
+
 def test_no_grad_records_nothing():
     x = leaf([1.0])
     with mg.no_grad():
@@ -211,6 +234,12 @@ def test_other_shape_errors_name_the_op():
         x.reshape(5)
     with pytest.raises(ValueError, match="permute"):
         x.permute(0, 0)
+    for dims in ((0, 3), (-3, 1), (0, 1, 2)):  # (0, 3) once passed as (0, 1) modulo ndim, then failed in NumPy
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"permute: dims {dims} are not a permutation of the axes of a tensor of shape (3, 4)"),
+        ):
+            x.permute(*dims)
     with pytest.raises(
         ValueError, match=re.escape("linear: input of shape (3, 4) does not match weight of shape (2, 5)")
     ):
@@ -229,6 +258,8 @@ def test_other_shape_errors_name_the_op():
         x.masked_fill(np.ones((2, 3, 4), dtype=bool), 0.0)
     with pytest.raises(ValueError, match="cross_entropy: logits of shape"):
         F.cross_entropy(x, np.array([0, 1]))
+    with pytest.raises(ValueError, match=re.escape("cross_entropy: logits must have at least 2 dims (N, C, ...)")):
+        F.cross_entropy(Tensor(np.ones(3)), np.array([1, 1, 1]))  # PyTorch's unbatched (C,) form: not supported
 
 
 class Square(Function):

@@ -236,3 +236,36 @@ def test_cross_entropy_with_spatial_dims():
     logits = rng.standard_normal((2, 3, 4))  # (N, C, d1), as PyTorch
     t = rng.integers(0, 3, (2, 4))
     assert gradcheck(weighted(lambda z: F.cross_entropy(z, t, reduction="none")), (leaf(logits),), **TOL)
+
+
+def test_pow_gradients_where_the_formulas_give_nan():
+    """x^0 is constant (dL/dx 0, not 0 * 0^-1) and 0^p constant for p >= 0 (dL/dp 0, not 0 * log 0), as torch."""
+    x = leaf([0.0, 2.0])
+    (x**0).sum().backward()
+    np.testing.assert_array_equal(x.grad, [0.0, 0.0])
+    x, p = leaf([0.0, 0.0, 0.0, 2.0]), leaf([0.0, 0.5, 2.0, 0.0])
+    (x**p).sum().backward()
+    np.testing.assert_array_equal(x.grad, [0.0, np.inf, 0.0, 0.0])  # 0.5 * 0^-0.5 = inf, as torch
+    np.testing.assert_array_equal(p.grad, [0.0, 0.0, 0.0, np.log(2.0)])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_every_target_ignored(reduction):
+    x = leaf(np.random.default_rng(0).standard_normal((3, 4)))
+    loss = F.cross_entropy(x, np.full(3, -100), reduction=reduction)
+    expected = {"mean": np.nan, "sum": 0.0, "none": np.zeros(3)}[reduction]  # mean: 0 / 0, as torch
+    np.testing.assert_array_equal(loss.data, expected)
+    loss.backward(np.ones(loss.shape))
+    np.testing.assert_array_equal(x.grad, np.zeros((3, 4)))
+
+
+def test_cross_entropy_ignored_row_with_minus_inf_logit():
+    """The ignored row's placeholder class 0 has log p = -inf: its loss must be 0, not -(-inf) * 0 = nan."""
+    x = leaf([[0.0, 1.0, 2.0], [-np.inf, 0.0, 1.0]])
+    expected = 1.4076059644443804  # log(1 + e + e^2) - 1
+    np.testing.assert_allclose(F.cross_entropy(x, np.array([1, -100]), reduction="none").data, [expected, 0.0])
+    loss = F.cross_entropy(x, np.array([1, -100]))
+    np.testing.assert_allclose(loss.data, expected)
+    loss.backward()
+    p = np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum()
+    np.testing.assert_allclose(x.grad, [p - [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])

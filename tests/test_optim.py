@@ -137,3 +137,30 @@ def test_bad_arguments() -> None:
         SGD([param([0.0]) * 2.0], lr=0.1)
     with pytest.raises(ValueError, match="nesterov"):
         SGD([param([0.0])], lr=0.1, nesterov=True)
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: SGD(p, lr=NAN),
+        lambda p: SGD(p, lr=0.1, momentum=NAN),
+        lambda p: SGD(p, lr=0.1, weight_decay=NAN),
+        lambda p: SGD(p, lr=0.1, momentum=0.9, dampening=NAN),
+        lambda p: Adam(p, lr=NAN),
+        lambda p: Adam(p, betas=(NAN, 0.999)),
+        lambda p: Adam(p, betas=(0.9, NAN)),
+        lambda p: Adam(p, eps=NAN),
+        lambda p: Adam(p, weight_decay=NAN),
+        lambda p: AdamW(p, eps=NAN),
+        lambda p: AdamW(p, weight_decay=NAN),
+        lambda p: WarmupSchedule(SGD(p, lr=0.1), warmup_steps=NAN),
+        lambda p: WarmupSchedule(SGD(p, lr=0.1), warmup_steps=2, total_steps=NAN, decay="cosine"),
+    ],
+)
+def test_nan_hyperparameters_are_refused(make) -> None:
+    """nan < 0 is False, so a check written as `x < 0` let nan through and every step made p nan."""
+    with pytest.raises(ValueError):
+        make([param([0.0])])

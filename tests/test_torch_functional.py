@@ -1,4 +1,5 @@
-"""The engine's activations, softmax, linear, embedding and loss against torch.nn.functional (float64)."""
+"""The engine's activations, softmax, linear, embedding and loss against torch.nn.functional, and pow's
+edge cases against torch.pow (float64)."""
 
 import numpy as np
 import pytest
@@ -64,3 +65,56 @@ def test_cross_entropy_with_ignore_index_and_spatial_dims(rng, reduction):
         logits,
         int_args=(targets,),
     )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_every_target_ignored(rng, reduction):
+    """The mean is 0 / 0 = nan, as torch's, but the gradient is zeros (it was 0 * inf = nan)."""
+    both(
+        lambda z, t: F.cross_entropy(z, t, reduction=reduction),
+        lambda z, t: TF.cross_entropy(z, t, reduction=reduction),
+        rng.standard_normal((3, 4)),
+        int_args=(np.full(3, -100),),
+    )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("bad", [-np.inf, np.inf, np.nan])
+def test_cross_entropy_ignores_a_row_whatever_its_logits(reduction, bad):
+    """An ignored row may pick log p = -inf (or nan) at the placeholder class 0: its loss is still 0.
+
+    The backward follows torch too: finite for -inf, nan in the ignored row for inf or nan.
+    """
+    logits = np.array([[0.0, 1.0, 2.0], [bad, 0.0, 1.0]])
+    with np.errstate(invalid="ignore"):  # +inf: the log-softmax of that row is inf - inf = nan
+        both(
+            lambda z, t: F.cross_entropy(z, t, reduction=reduction),
+            lambda z, t: TF.cross_entropy(z, t, reduction=reduction),
+            logits,
+            int_args=(np.array([1, -100]),),
+        )
+        loss = F.cross_entropy(Tensor(logits), np.array([1, -100]), reduction=reduction).data
+    expected = {"mean": 1.4076059644443804, "sum": 1.4076059644443804, "none": [1.4076059644443804, 0.0]}
+    np.testing.assert_allclose(loss, expected[reduction], rtol=1e-12)
+
+
+@pytest.mark.parametrize("form", ["tensor ** tensor", "tensor ** number", "number ** tensor"])
+def test_pow_at_zero_and_negative_bases(form):
+    """Every base in {-2, -0.5, 0, 0.5, 2} against every exponent in {-1, 0, 0.5, 1, 2, 3}.
+
+    torch masks x^0 (base gradient 0, not 0 * 0^-1 = nan) and 0^p for p >= 0 (exponent
+    gradient 0, not 0 * log 0 = nan); elsewhere its nan and inf are the formulas' own, and ours
+    must be the same, so the comparison includes them (assert_allclose treats nan as equal to nan).
+    """
+    bases = [-2.0, -0.5, 0.0, 0.5, 2.0]
+    exponents = [-1.0, 0.0, 0.5, 1.0, 2.0, 3.0]
+    with np.errstate(invalid="ignore", divide="ignore"):  # our forwards: 0^-1 = inf, (-2)^0.5 = nan
+        if form == "tensor ** tensor":
+            a, b = np.meshgrid(bases, exponents, indexing="ij")
+            both(lambda x, p: x**p, lambda x, p: x**p, a, b)
+        elif form == "tensor ** number":
+            for p in exponents:
+                both(lambda x: x**p, lambda x: x**p, np.array(bases))  # noqa: B023 (called at once)
+        else:
+            for base in bases:
+                both(lambda p: base**p, lambda p: base**p, np.array(exponents))  # noqa: B023
