@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from collections.abc import Sequence
 
@@ -18,8 +20,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     from minigrad_norm.check import all_cases, run_case
 
     cases = [c for c in all_cases() if not args.only or any(s in c.name for s in args.only)]
-    if not cases:
-        print(f"check: no op matches {args.only}", file=sys.stderr)
+    error = (
+        (f"no op matches {args.only}" if not cases else None)
+        or _limits_error([("--seed", args.seed, args.seed >= 0, ">= 0")])
+        or _output_error(args, ["--json"])
+    )
+    if error:
+        print(f"check: {error}", file=sys.stderr)
         return 2
     header = f"{'op':<44} {'shapes':<22} {'fd abs err':>10} {'fd rel err':>10} {'closed-form':>11}  result"
     print(header)
@@ -43,6 +50,48 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if failed == 0 else 1
 
 
+def _limits_error(limits: Sequence[tuple[str, float, bool, str]]) -> str | None:
+    """The first of the ``(option, value, ok, what it must be)`` that is not ok, as an error message."""
+    # Each ``ok`` states what is allowed (lr > 0), not what is refused (lr <= 0): nan fails
+    # every comparison, so it is refused as well.
+    return next((f"{option} must be {need}, got {value}" for option, value, ok, need in limits if not ok), None)
+
+
+def _output_error(args: argparse.Namespace, options: Sequence[str]) -> str | None:
+    """Why a file named by one of the output ``options`` could not be written, found before the run it would hold.
+
+    Only the directory is checked, not the file created: a run that fails or is
+    interrupted should not leave an empty results file behind.
+    """
+    for option in options:
+        path = getattr(args, option[2:].replace("-", "_"))
+        if path is None:
+            continue
+        parent = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            return f"{option} {path}: is a directory"
+        if not os.path.exists(parent):
+            return f"{option} {path}: directory {parent} does not exist"
+        if not os.path.isdir(parent):
+            return f"{option} {path}: {parent} is not a directory"
+        if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+            return f"{option} {path}: not writable"
+    return None
+
+
+def _plot_error(args: argparse.Namespace) -> str | None:
+    """The missing-matplotlib error of ``--plot``, found before the run rather than after it."""
+    if not args.plot:
+        return None
+    from minigrad_norm.train import import_pyplot
+
+    try:
+        import_pyplot(f"{args.command} --plot")
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
 def _model_args_error(args: argparse.Namespace) -> str | None:
     """What is wrong with the model and run options of ``train``/``depth``, checked before any work starts."""
     sizes = {"--d-model": args.d_model, "--heads": args.heads, "--d-ff": args.d_ff, "--batch-size": args.batch_size}
@@ -52,20 +101,23 @@ def _model_args_error(args: argparse.Namespace) -> str | None:
         return f"these must be positive: {', '.join(bad)}"
     if args.d_model % args.heads:
         return f"--d-model {args.d_model} must be divisible by --heads {args.heads}"
-    if args.plot:
-        from minigrad_norm.train import import_pyplot
-
-        try:
-            import_pyplot(f"{args.command} --plot")
-        except RuntimeError as e:
-            return str(e)
-    return None
+    limits = [
+        ("--lr", args.lr, args.lr > 0 and math.isfinite(args.lr), "a positive number"),
+        ("--seed", args.seed, args.seed >= 0, ">= 0"),
+    ]
+    return _limits_error(limits) or _output_error(args, ["--json", "--plot"]) or _plot_error(args)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from minigrad_norm.train import TrainConfig, plot_losses, train
 
-    error = _model_args_error(args) or (f"--steps must be positive, got {args.steps}" if args.steps < 1 else None)
+    limits = [
+        ("--steps", args.steps, args.steps >= 1, "positive"),
+        ("--length", args.length, args.length >= 1, "positive"),
+        ("--warmup", args.warmup, args.warmup >= 0, ">= 0"),
+        ("--clip", args.clip, args.clip >= 0, ">= 0 (0 = off)"),
+    ]
+    error = _model_args_error(args) or _limits_error(limits)
     if error:
         print(f"train: {error}", file=sys.stderr)
         return 2
@@ -88,7 +140,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_depth(args: argparse.Namespace) -> int:
     from minigrad_norm.depth import DepthConfig, format_table, plot, run_experiment, to_json
 
-    error = _model_args_error(args)
+    error = _model_args_error(args) or _limits_error(
+        [("--train-steps", args.train_steps, args.train_steps >= 0, ">= 0")]
+    )
     if error:
         print(f"depth: {error}", file=sys.stderr)
         return 2
@@ -128,8 +182,18 @@ def _model_args(p: argparse.ArgumentParser, d_model: int, heads: int, d_ff: int,
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from minigrad_norm.bench import NORMS
     from minigrad_norm.bench import main as bench_main
 
+    unknown = [name for name in args.only or () if name not in NORMS]
+    error = (
+        (f"--only: unknown norm {' '.join(unknown)}; the norms are {', '.join(NORMS)}" if unknown else None)
+        or _output_error(args, ["--json", "--markdown", "--plot"])
+        or _plot_error(args)
+    )
+    if error:
+        print(f"bench: {error}", file=sys.stderr)
+        return 2
     return bench_main(args)
 
 
@@ -170,7 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--length", type=int, default=8, help="digits per sequence (default 8)")
     train.add_argument("--activation", choices=["relu", "gelu"], default="relu")
     train.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
-    train.add_argument("--warmup", type=int, default=50, help="linear warmup steps (default 50)")
+    train.add_argument(
+        "--warmup",
+        type=int,
+        default=50,
+        help="linear warmup steps before the cosine decay, cut to --steps - 1 in a shorter run (default 50)",
+    )
     train.add_argument("--clip", type=float, default=1.0, help="global grad-norm clip, 0 = off (default 1.0)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     _model_args(train, d_model=64, heads=4, d_ff=256, batch_size=32)

@@ -9,7 +9,7 @@ predictions) and reports token and whole-sequence accuracy.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -116,11 +116,17 @@ def evaluate(model: TransformerLM, task: SequenceTask, prompts: np.ndarray) -> t
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
+    """Train as ``cfg`` says; a warmup as long as the run is cut to ``steps - 1`` (the result's config says so)."""
+    if cfg.steps < 1:
+        raise ValueError(f"train: steps must be positive, got {cfg.steps}")
+    # A short run (the default warmup of 50 with --steps 20, say) still warms up and decays:
+    # dropping the schedule instead would start at the full peak lr.
+    cfg = replace(cfg, warmup=min(cfg.warmup, cfg.steps - 1))
     task = SequenceTask(cfg.task, cfg.n_symbols, cfg.length)
     model = build_model(cfg, task)
     params = model.parameters()
     opt = AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = WarmupSchedule(opt, cfg.warmup, cfg.steps, decay="cosine") if cfg.steps > cfg.warmup else None
+    schedule = WarmupSchedule(opt, cfg.warmup, cfg.steps, decay="cosine")
     data_rng = np.random.default_rng([cfg.seed, 1])
     losses: list[float] = []
     bar = _progress(cfg.steps, progress)
@@ -133,8 +139,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
         loss.backward()
         if cfg.clip > 0:
             clip_grad_norm_(params, cfg.clip)
-        if schedule is not None:
-            schedule.step()
+        schedule.step()
         opt.step()
         losses.append(loss.item())
         if bar is not None:

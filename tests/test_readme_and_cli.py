@@ -73,3 +73,58 @@ def test_check_exits_nonzero_when_an_op_fails(monkeypatch, capsys, wrong):
 def test_python_dash_m_entry_point():
     r = subprocess.run([sys.executable, "-m", "minigrad_norm", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("minigrad-norm ")
+
+
+TINY_TRAIN = "train --steps 1 --layers 1 --d-model 8 --heads 2 --d-ff 8 --batch-size 2 --no-progress".split()
+TINY_DEPTH = "depth --layers 1 --mode pre --d-model 8 --heads 2 --d-ff 8 --batch-size 2".split()
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Make every command's work fail, so that a test passing with it shows an error came before any work."""
+    from minigrad_norm import bench, check, depth, train
+
+    def work(*args, **kwargs):
+        raise AssertionError("the command started its work")
+
+    for module, name in [(check, "run_case"), (train, "train"), (depth, "run_experiment"), (bench, "main")]:
+        monkeypatch.setattr(module, name, work)
+
+
+OUTPUTS = [(["check"], "--json")]
+OUTPUTS += [(cmd, opt) for cmd in (TINY_TRAIN, TINY_DEPTH) for opt in ("--json", "--plot")]
+OUTPUTS += [(["bench", "--quick"], opt) for opt in ("--json", "--markdown", "--plot")]
+
+
+@pytest.mark.parametrize(("command", "option"), OUTPUTS)
+def test_an_unwritable_output_path_is_refused_before_any_work(tmp_path, capsys, no_work, command, option):
+    (tmp_path / "file").write_text("")
+    for path, why in [
+        (tmp_path / "missing" / "out", "does not exist"),
+        (tmp_path / "file" / "out", "is not a directory"),
+        (tmp_path, "is a directory"),
+    ]:
+        assert main([*command, option, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"{command[0]}: {option} {path}: ") and why in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--length", "0"], "--length must be positive, got 0"),
+        (["train", "--lr", "-1"], "--lr must be a positive number, got -1.0"),
+        (["train", "--lr", "nan"], "--lr must be a positive number, got nan"),
+        (["train", "--warmup", "-5", "--steps", "2"], "--warmup must be >= 0, got -5"),
+        (["train", "--clip", "-1"], "--clip must be >= 0 (0 = off), got -1.0"),
+        (["train", "--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["depth", "--lr", "-1", "--train-steps", "1"], "--lr must be a positive number, got -1.0"),
+        (["depth", "--train-steps", "-3"], "--train-steps must be >= 0, got -3"),
+        (["check", "--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["bench", "--only", "layer_norm", "nonsense"], "--only: unknown norm nonsense; the norms are layer_norm,"),
+    ],
+)
+def test_bad_option_values_are_refused_before_any_work(capsys, no_work, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{argv[0]}: {message}") and err.count("\n") == 1

@@ -232,6 +232,19 @@ def test_bad_mode_norm_activation() -> None:
         FeedForward(8, 16, activation="swish")
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "mode"),
+    [("mode", "bogus", "bogus"), ("norm", "batchnorm", "post"), ("activation", "swish", "pre"), ("init", "he", "pre")],
+)
+def test_transformer_lm_checks_its_choices_even_without_blocks(name: str, value: str, mode: str) -> None:
+    """With n_layers=0 no block checks mode, norm, activation or init: the model does, as the block would."""
+    kwargs = {"mode": mode, name: value}
+    with pytest.raises(ValueError, match=rf"TransformerLM: {name} must be one of .*, got '{value}'"):
+        TransformerLM(10, 8, 2, 16, 0, 4, **kwargs)
+    with pytest.raises(ValueError, match="n_layers must be >= 0, got -1"):
+        TransformerLM(10, 8, 2, 16, -1, 4)
+
+
 def test_linear_and_embedding_init() -> None:
     rng = np.random.default_rng(0)
     lin = Linear(100, 300, rng=rng, dtype=np.float64)
@@ -408,6 +421,25 @@ def test_training_reduces_the_loss(mode: str) -> None:
     assert start > 2.0  # about ln(10) at initialisation
     assert end < 0.5 * start
     assert result.token_accuracy > 2 * result.chance_accuracy
+
+
+def test_a_run_shorter_than_its_warmup_still_warms_up_and_decays(monkeypatch) -> None:
+    """--steps 3 with the default warmup of 50: the warmup is cut to 2 steps, not dropped (full lr from step 1)."""
+    lrs: list[float] = []
+    step = AdamW.step
+
+    def recording_step(self: AdamW) -> None:
+        lrs.append(self.lr)
+        step(self)
+
+    monkeypatch.setattr(AdamW, "step", recording_step)
+    cfg = TrainConfig(steps=3, lr=1e-2, layers=1, d_model=16, heads=2, d_ff=32, batch_size=2, length=4, eval_size=2)
+    assert cfg.warmup == 50
+    result = train(cfg, progress=False)
+    np.testing.assert_allclose(lrs, [5e-3, 1e-2, 0.0], atol=1e-15)  # warmup 1/2, 2/2, then cosine down to 0
+    assert result.config.warmup == 2  # the config reported is the one used
+    with pytest.raises(ValueError, match="steps must be positive, got 0"):
+        train(TrainConfig(steps=0), progress=False)
 
 
 # -- command line ----------------------------------------------------------------------------------------------

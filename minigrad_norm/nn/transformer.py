@@ -197,6 +197,17 @@ class TransformerLM(Module):
         rng: np.random.Generator | None = None,
     ) -> None:
         super().__init__()
+        # Checked here too, since with n_layers=0 no block is built to check them.
+        for name, value, allowed in (
+            ("mode", mode, MODES),
+            ("norm", norm, NORMS),
+            ("activation", activation, ACTIVATIONS),
+            ("init", init, INITS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"TransformerLM: {name} must be one of {allowed}, got {value!r}")
+        if n_layers < 0:
+            raise ValueError(f"TransformerLM: n_layers must be >= 0, got {n_layers}")
         rng = np.random.default_rng() if rng is None else rng
         self.max_seq_len = max_seq_len
         self.tok_emb = Embedding(vocab_size, d_model, dtype=dtype, rng=rng)
