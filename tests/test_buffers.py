@@ -131,7 +131,7 @@ def test_threads_never_share_a_buffer():
     assert not errors
 
 
-@pytest.mark.parametrize("value", ["-1", "lots", "nan"])
+@pytest.mark.parametrize("value", ["-1", "lots", "nan", "inf"])
 def test_bad_capacity_in_the_environment_is_a_clear_error(monkeypatch, value):
     from minigrad_norm.kernels import buffers
 

@@ -489,17 +489,96 @@ def test_erf_equals_reference(dtype, seed, n):
     np.testing.assert_array_max_ulp(got[1:], want[1:], maxulp=1)
 
 
-def test_wrong_shapes_raise_instead_of_reading_out_of_bounds():
-    """The jitted loops do no bounds checks, so the wrappers check every shape first."""
+@pytest.mark.parametrize("mod", [numba_cpu, reference], ids=["numba", "reference"])
+def test_wrong_arguments_raise_on_both_backends(mod):
+    """The jitted loops do no bounds checks, and NumPy would broadcast a wrong shape into a silently
+    different result: both backends check every argument first (``reference.check_args``)."""
     x = np.ones((2, 3, 4, 5))
     mean, rstd = np.zeros((2, 3)), np.ones((2, 3))
-    with pytest.raises(ValueError, match=r"norm_forward: weight has shape \(4,\), expected \(3, 4\)"):
-        numba_cpu.norm_forward(x, np.ones(4), None, EPS)
-    with pytest.raises(ValueError, match="norm_forward: mask has shape"):
-        numba_cpu.norm_forward(x, None, None, EPS, mask=np.ones((2, 4), bool))
-    with pytest.raises(ValueError, match="norm_forward: stats has shape"):
-        numba_cpu.norm_forward(x, None, None, EPS, reduce_batch=True, stats=(np.zeros(2), np.ones(2)))
-    with pytest.raises(ValueError, match="norm_backward: rstd has shape"):
-        numba_cpu.norm_backward(x, x, mean, np.ones(3), None)
-    with pytest.raises(ValueError, match="norm_backward: dy has shape"):
-        numba_cpu.norm_backward(x[:1], x, mean, rstd, None)
+    cases = [
+        (
+            lambda: mod.norm_forward(x, np.ones(4), None, EPS),
+            ValueError,
+            r"norm_forward: weight has shape \(4,\), expected \(3, 4\)",
+        ),
+        (lambda: mod.norm_forward(x, np.ones((3, 1)), None, EPS), ValueError, r"weight has shape \(3, 1\)"),
+        (
+            lambda: mod.norm_forward(x, None, None, EPS, mask=np.ones((2, 4), bool)),
+            ValueError,
+            "norm_forward: mask has shape",
+        ),
+        (lambda: mod.norm_forward(x, None, None, EPS, mask=np.ones((2, 5))), TypeError, "mask must be a boolean array"),
+        (
+            lambda: mod.norm_forward(x, None, None, EPS, reduce_batch=True, stats=(np.zeros(2), np.ones(2))),
+            ValueError,
+            r"norm_forward: mean has shape \(2,\), expected \(3,\)",
+        ),
+        (lambda: mod.norm_forward(x.astype(np.int64), None, None, EPS), TypeError, "x must be a floating-point array"),
+        (lambda: mod.norm_forward(x[0], None, None, EPS), ValueError, "x must be 4-D"),
+        (lambda: mod.norm_backward(x, x, mean, np.ones(3), None), ValueError, "norm_backward: rstd has shape"),
+        (lambda: mod.norm_backward(x, x, mean[:, :1], rstd, None), ValueError, "norm_backward: mean has shape"),
+        (lambda: mod.norm_backward(x[:1], x, mean, rstd, None), ValueError, "norm_backward: dy has shape"),
+        (lambda: mod.norm_forward(x, None, None, EPS, out=np.ones((2, 3, 4, 4))), ValueError, "out has shape"),
+        (
+            lambda: mod.norm_forward(x, None, None, EPS, out=np.ones(x.shape, np.int64)),
+            TypeError,
+            "out has dtype int64",
+        ),
+        (lambda: mod.erf(np.array([1, 2])), TypeError, "erf: x must be a floating-point array"),
+    ]
+    read_only = np.ones(x.shape)
+    read_only.flags.writeable = False
+    cases.append((lambda: mod.norm_backward(x, x, mean, rstd, None, out=read_only), ValueError, "out is read-only"))
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+
+
+@pytest.mark.parametrize("mod", [numba_cpu, reference], ids=["numba", "reference"])
+@pytest.mark.parametrize("where", ["x itself", "x shifted", "dy itself", "dy shifted"])
+def test_out_overlapping_an_input_gives_the_same_results(mod, where, rng):
+    """``out`` may share memory with what the kernel reads: the result is as if it did not (written via a
+    temporary where the kernel would read what it has written)."""
+    shape = (4, 3, 2, 5)
+    size = int(np.prod(shape))
+    x, dy = rng.standard_normal(shape), rng.standard_normal(shape)
+    w = rng.standard_normal((3, 2))
+    y_ok, mean, var = reference.norm_forward(x, w, None, EPS)
+    rstd = 1 / np.sqrt(var + EPS)
+    dx_ok, dw_ok, db_ok = reference.norm_backward(dy, x, mean, rstd, w)
+    shift = 0 if "itself" in where else 5
+    buf = np.zeros(size + shift)
+    src = buf[:size].reshape(shape)
+    out = buf[shift:].reshape(shape)
+    if where.startswith("x"):
+        src[...] = x
+        y, _, _ = mod.norm_forward(src, w, None, EPS, out=out)
+        np.testing.assert_allclose(y, y_ok, rtol=1e-12, atol=1e-12)
+        src[...] = x  # (out may have overwritten it)
+        dx, dw, db = mod.norm_backward(dy, src, mean, rstd, w, out=out)
+    else:
+        src[...] = dy
+        dx, dw, db = mod.norm_backward(src, x, mean, rstd, w, out=out)
+    assert dx is out
+    np.testing.assert_allclose(dx, dx_ok, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dw, dw_ok, rtol=1e-12)
+    np.testing.assert_allclose(db, db_ok, rtol=1e-12)
+
+
+def test_numba_hands_what_it_cannot_take_to_the_reference(rng):
+    """Empty groups (G = 0), complex statistics or weights (a complex step) go to the reference, which
+    gives empty results or keeps the imaginary part, instead of a crash or a silently real result."""
+    x = rng.standard_normal((2, 0, 3, 4))
+    for reduce_batch in (False, True):
+        stat = np.zeros((0,) if reduce_batch else (2, 0))
+        dx, dw, db = numba_cpu.norm_backward(x, x, stat, stat, np.ones((0, 3)), reduce_batch=reduce_batch)
+        assert dx.shape == x.shape and dw.shape == db.shape == (0, 3)
+    x = rng.standard_normal((2, 3, 2, 5))
+    w = rng.standard_normal((3, 2)) + 1e-20j
+    y, mean, var = numba_cpu.norm_forward(x, w, None, EPS)
+    assert np.iscomplexobj(y)
+    np.testing.assert_array_equal(y, reference.norm_forward(x, w, None, EPS)[0])
+    stats = (np.zeros(3) + 1e-20j, np.ones(3))
+    y = numba_cpu.norm_forward(x, None, None, EPS, reduce_batch=True, stats=stats)[0]
+    assert np.iscomplexobj(y)
+    np.testing.assert_array_equal(y, reference.norm_forward(x, None, None, EPS, reduce_batch=True, stats=stats)[0])

@@ -134,8 +134,8 @@ def _capacity_from_env() -> int:
         mib = float(value)
     except ValueError:
         mib = -1.0
-    if not mib >= 0:
-        raise ValueError(f"MINIGRAD_NORM_BUFFER_POOL_MIB={value!r}: expected MiB >= 0 (0 turns the pool off)")
+    if not (mib >= 0 and math.isfinite(mib)):
+        raise ValueError(f"MINIGRAD_NORM_BUFFER_POOL_MIB={value!r}: expected a finite MiB >= 0 (0 turns the pool off)")
     return int(mib * 2**20)
 
 

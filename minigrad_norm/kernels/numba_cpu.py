@@ -74,7 +74,12 @@ Design points, each one tested in ``tests/test_kernels.py``:
   Smaller outputs keep ordinary stores: they can stay in the cache for the next layer to read.
 * ``cache=True`` and compiled on first call: importing this module compiles nothing.
 * Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
-  place when they are C-contiguous and of x's dtype (else via one copy).
+  place when they are C-contiguous, of x's dtype and overlap no input other than being
+  it (``out=x`` is fine: each block is read before it is written), else via one copy.
+* The arguments are checked by ``reference.check_args``, the same function the reference
+  calls: both backends refuse the same wrong shapes and dtypes with the same messages.
+  What the jitted loops do not take (float16, empty arrays, a complex argument of a
+  complex step) goes to the reference.
 * ``minigrad_norm.backend`` sets ``OMP_WAIT_POLICY=PASSIVE`` (see there for why).
 """
 
@@ -810,43 +815,47 @@ def _kernel(name: str, size: int) -> Callable:
 # the public functions: the reference's signatures and return conventions
 
 
-def _checked(op: str, name: str, a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """``a`` if it has ``shape``; the kernels index without bounds checks, so a wrong shape must not reach them."""
-    if np.shape(a) != shape:
-        raise ValueError(f"{op}: {name} has shape {np.shape(a)}, expected {shape}")
-    return a
+def _for_kernels(x: np.ndarray, *others: np.ndarray | None) -> bool:
+    """Whether the jitted kernels take this call: float32/float64 data with something in it, and no complex
+    argument (a complex step); the reference takes the rest (integers it refuses, float16, empty arrays)."""
+    return x.dtype in _KERNEL_DTYPES and x.size > 0 and not any(np.iscomplexobj(a) for a in others)
 
 
-def _affine2(op: str, name: str, a: np.ndarray | None, G: int, K: int, fill: float, dtype: np.dtype) -> np.ndarray:
+def _affine2(a: np.ndarray | None, G: int, K: int, fill: float, dtype: np.dtype) -> np.ndarray:
     """weight or bias as a contiguous (G, K) array: in the data's dtype when that holds it exactly (half
     the cache footprint of float64 for float32 data: it stays in L1 beside the streamed rows), else float64.
     Either way the kernels widen it to float64 exactly, as the reference does."""
     if a is None:
         return np.full((G, K), fill, dtype=dtype)
-    _checked(op, name, a, (G, K))
     return np.ascontiguousarray(a, dtype=dtype if np.can_cast(a.dtype, dtype, "safe") else np.float64)
 
 
-def _mask2(op: str, mask: np.ndarray | None, N: int, S: int) -> np.ndarray:
+def _mask2(mask: np.ndarray | None, N: int) -> np.ndarray:
     # no mask: an (N, 0) stand-in, so that mask2[n] is still a valid (empty) row
     if mask is None:
         return np.empty((N, 0), dtype=np.bool_)
-    return np.ascontiguousarray(_checked(op, "mask", mask, (N, S)), dtype=np.bool_)
+    return np.ascontiguousarray(mask)
 
 
-def _stat2(op: str, name: str, stat: np.ndarray, reduce_batch: bool, N: int, G: int) -> np.ndarray:
+def _stat2(stat: np.ndarray, G: int) -> np.ndarray:
     """A statistic of shape (G,) (``reduce_batch``) or (N, G), as a float64 (1, G) or (N, G) array."""
-    s = np.ascontiguousarray(_checked(op, name, stat, (G,) if reduce_batch else (N, G)), dtype=np.float64)
-    return s.reshape(-1, G)
+    return np.ascontiguousarray(stat, dtype=np.float64).reshape(-1, G)
 
 
-def _out_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, op: str) -> np.ndarray:
-    """Where the kernel writes: ``out`` itself when it can, else a C-contiguous array from the pool."""
-    if out is not None and out.shape != shape:
-        raise ValueError(f"{op}: out has shape {out.shape}, expected {shape}")
-    if out is not None and out.dtype == dtype and out.flags.c_contiguous:
+def _out_buffer(
+    out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, reads: tuple[np.ndarray, ...]
+) -> np.ndarray:
+    """Where the kernel writes: ``out`` itself when it can (C-contiguous, of the result's dtype, and not
+    overlapping what the kernel reads, unless it is that very array: each block is read before it is
+    written), else a C-contiguous array from the pool, copied into ``out`` at the end."""
+    if out is not None and out.dtype == dtype and out.flags.c_contiguous and not any(_overlaps(out, a) for a in reads):
         return out
     return POOL.empty(shape, dtype)
+
+
+def _overlaps(out: np.ndarray, a: np.ndarray) -> bool:
+    same = (out.ctypes.data, out.shape, out.strides, out.dtype) == (a.ctypes.data, a.shape, a.strides, a.dtype)
+    return not same and np.may_share_memory(out, a)
 
 
 def _finish(buf: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -916,27 +925,32 @@ def norm_forward(
     out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Same contract as ``reference.norm_forward``."""
-    if x.dtype not in _KERNEL_DTYPES:
+    reference.check_args(
+        "norm_forward", x, reduce_batch=reduce_batch, weight=weight, bias=bias, mask=mask, stats=stats, out=out,
+        result_dtype=x.dtype,
+    )  # fmt: skip
+    if not _for_kernels(x, weight, bias, *(stats or ())):
         return reference.norm_forward(
             x, weight, bias, eps, centered=centered, reduce_batch=reduce_batch, mask=mask, stats=stats, out=out
         )
     N, G, K, S = x.shape
     xc = np.ascontiguousarray(x)
-    y = _out_buffer(out, x.shape, x.dtype, "norm_forward")
+    w2, b2 = _affine2(weight, G, K, 1.0, x.dtype), _affine2(bias, G, K, 0.0, x.dtype)
+    y = _out_buffer(out, x.shape, x.dtype, reads=(xc, w2, b2))
     if stats is None:
         mean2 = np.empty((1 if reduce_batch else N, G))
         var2 = np.empty_like(mean2)
     else:
-        mean2, var2 = (_stat2("norm_forward", "stats", s, reduce_batch, N, G).copy() for s in stats)
+        mean2, var2 = (_stat2(s, G).copy() for s in stats)
     _kernel("forward", x.size)(
         xc.reshape(N, G, K * S),
-        _affine2("norm_forward", "weight", weight, G, K, 1.0, x.dtype),
-        _affine2("norm_forward", "bias", bias, G, K, 0.0, x.dtype),
+        w2,
+        b2,
         bias is not None,
         float(eps),
         centered,
         reduce_batch,
-        _mask2("norm_forward", mask, N, S),
+        _mask2(mask, N),
         mask is not None,
         stats is not None,
         mean2,
@@ -965,13 +979,16 @@ def norm_backward(
     out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Same contract as ``reference.norm_backward``."""
+    reference.check_args(
+        "norm_backward", x, reduce_batch=reduce_batch, weight=weight, mask=mask, stats=(mean, rstd), dy=dy, out=out,
+        result_dtype=x.dtype,
+    )  # fmt: skip
     common = np.result_type(x.dtype, dy.dtype)
-    if common not in _KERNEL_DTYPES:
+    if common not in _KERNEL_DTYPES or not _for_kernels(x, dy, mean, rstd, weight):
         return reference.norm_backward(
             dy, x, mean, rstd, weight, centered=centered, reduce_batch=reduce_batch, mask=mask,
             fixed_stats=fixed_stats, need_affine_grads=need_affine_grads, out=out,
         )  # fmt: skip
-    _checked("norm_backward", "dy", dy, x.shape)
     N, G, K, S = x.shape
     L = K * S
     n_chunks = _n_chunks(N, G, S, reduce_batch)
@@ -979,16 +996,22 @@ def norm_backward(
     # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them
     pdw = np.empty((n_chunks, G, K if affine else 0))
     pdb = np.empty_like(pdw)
-    dx = _out_buffer(out, x.shape, common, "norm_backward") if common == x.dtype else POOL.empty(x.shape, common)
+    dy3 = np.ascontiguousarray(dy, dtype=common).reshape(N, G, L)
+    x3 = np.ascontiguousarray(x, dtype=common).reshape(N, G, L)
+    mean2, rstd2, w2 = _stat2(mean, G), _stat2(rstd, G), _affine2(weight, G, K, 1.0, common)
+    if common == x.dtype:
+        dx = _out_buffer(out, x.shape, common, reads=(dy3.reshape(x.shape), x3.reshape(x.shape), w2))
+    else:
+        dx = POOL.empty(x.shape, common)
     _kernel("backward", x.size)(
-        np.ascontiguousarray(dy, dtype=common).reshape(N, G, L),
-        np.ascontiguousarray(x, dtype=common).reshape(N, G, L),
-        _stat2("norm_backward", "mean", mean, reduce_batch, N, G),
-        _stat2("norm_backward", "rstd", rstd, reduce_batch, N, G),
-        _affine2("norm_backward", "weight", weight, G, K, 1.0, common),
+        dy3,
+        x3,
+        mean2,
+        rstd2,
+        w2,
         centered or fixed_stats,
         reduce_batch,
-        _mask2("norm_backward", mask, N, S),
+        _mask2(mask, N),
         mask is not None,
         fixed_stats,
         dx.reshape(N, G, L),
@@ -1012,7 +1035,7 @@ def norm_backward(
 
 def erf(x: np.ndarray) -> np.ndarray:
     """The error function, elementwise, in x's dtype (the reference's, to 1 ULP)."""
-    if x.dtype not in _KERNEL_DTYPES:
+    if not _for_kernels(x):
         return reference.erf(x)
     flat = np.ascontiguousarray(x).reshape(-1)
     y = POOL.empty(flat.shape, x.dtype)

@@ -44,8 +44,69 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """The error function, elementwise, in x's dtype."""
+    """The error function, elementwise, in x's dtype (a floating-point one)."""
+    _check_numeric("erf", "x", x)
     return _erf(x).astype(x.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------
+# the arguments' contract, checked by both backends before any work
+
+
+def _check_shape(op: str, name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
+    if np.shape(a) != shape:
+        raise ValueError(f"{op}: {name} has shape {np.shape(a)}, expected {shape}")
+
+
+def _check_numeric(op: str, name: str, a: np.ndarray) -> None:
+    if np.asarray(a).dtype.kind not in "fc":
+        raise TypeError(f"{op}: {name} must be a floating-point array, got dtype {np.asarray(a).dtype}")
+
+
+def check_args(
+    op: str,
+    x: np.ndarray,
+    *,
+    reduce_batch: bool,
+    weight: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    stats: tuple[np.ndarray, np.ndarray] | None = None,
+    dy: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    result_dtype: np.dtype | None = None,
+) -> None:
+    """What ``norm_forward``/``norm_backward`` require of their arguments, for both backends: x a float
+    (or complex) array of shape (N, G, K, S); dy of x's shape; weight and bias (G, K); the statistics
+    (N, G), or (G,) with ``reduce_batch``; a boolean mask (N, S); and ``out`` of x's shape, writable, of
+    a dtype the result (``result_dtype``) casts to within its kind. Nothing is broadcast: a wrong shape
+    raises ``ValueError`` naming the argument, never a silently different result."""
+    if np.ndim(x) != 4:
+        raise ValueError(f"{op}: x must be 4-D (N, G, K, S), got shape {np.shape(x)}")
+    _check_numeric(op, "x", x)
+    N, G, K, S = x.shape
+    if dy is not None:
+        _check_numeric(op, "dy", dy)
+        _check_shape(op, "dy", dy, x.shape)
+    for name, a in (("weight", weight), ("bias", bias)):
+        if a is not None:
+            _check_shape(op, name, a, (G, K))
+    for name, a in zip(("mean", "var") if op == "norm_forward" else ("mean", "rstd"), stats or ()):
+        _check_shape(op, name, a, (G,) if reduce_batch else (N, G))
+    if mask is not None:
+        if np.asarray(mask).dtype != np.bool_:
+            raise TypeError(f"{op}: mask must be a boolean array, got dtype {np.asarray(mask).dtype}")
+        _check_shape(op, "mask", mask, (N, S))
+    if out is not None:
+        _check_shape(op, "out", out, x.shape)
+        if not out.flags.writeable:
+            raise ValueError(f"{op}: out is read-only")
+        if result_dtype is not None and not np.can_cast(result_dtype, out.dtype, "same_kind"):
+            raise TypeError(f"{op}: out has dtype {out.dtype}, which the {result_dtype} result cannot be cast to")
+
+
+# ---------------------------------------------------------------------------
+# the kernels
 
 
 def _stat_axes(reduce_batch: bool) -> tuple[int, ...]:
@@ -88,9 +149,13 @@ def norm_forward(
     ``var`` is the biased variance (the mean square when not ``centered``;
     then ``mean`` is 0). With ``stats=(mean, var)`` the
     given statistics are used instead of computed (eval-mode BatchNorm) and
-    returned unchanged.
+    returned unchanged. Arguments as ``check_args`` says.
     """
-    acc = np.result_type(x.dtype, np.float64)
+    check_args(
+        "norm_forward", x, reduce_batch=reduce_batch, weight=weight, bias=bias, mask=mask, stats=stats, out=out,
+        result_dtype=x.dtype,
+    )  # fmt: skip
+    acc = np.result_type(x.dtype, np.float64, *(np.asarray(s).dtype for s in stats or ()))
     axes = _stat_axes(reduce_batch)
     m4 = _mask4(mask)
     xa = x.astype(acc, copy=False)
@@ -137,8 +202,13 @@ def norm_backward(
 
     ``mean`` and ``rstd`` are the statistics the forward used (shape (N, G) or
     (G,)); ``rstd = 1 / sqrt(var + eps)``. ``dweight``/``dbias`` are None
-    when ``weight`` is None or ``need_affine_grads`` is False.
+    when ``weight`` is None or ``need_affine_grads`` is False. Arguments as
+    ``check_args`` says; ``out`` may be ``dy`` or ``x`` itself.
     """
+    check_args(
+        "norm_backward", x, reduce_batch=reduce_batch, weight=weight, mask=mask, stats=(mean, rstd), dy=dy,
+        out=out, result_dtype=x.dtype,
+    )  # fmt: skip
     acc = np.result_type(x.dtype, dy.dtype, np.float64)
     axes = _stat_axes(reduce_batch)
     m4 = _mask4(mask)
@@ -163,14 +233,13 @@ def norm_backward(
         dx = dx * rstd4
     if m4 is not None:
         dx = np.where(m4, dx, 0)
+    dweight = dbias = None
+    if weight is not None and need_affine_grads:  # (before dx is written: out may be dy, which dya may be)
+        dweight = (dya * xhat).sum(axis=(0, 3)).astype(weight.dtype)
+        dbias = dya.sum(axis=(0, 3)).astype(weight.dtype)
     if out is None:
         out = np.empty(x.shape, dtype=x.dtype)
     out[...] = dx
-
-    dweight = dbias = None
-    if weight is not None and need_affine_grads:
-        dweight = (dya * xhat).sum(axis=(0, 3)).astype(weight.dtype)
-        dbias = dya.sum(axis=(0, 3)).astype(weight.dtype)
     return out, dweight, dbias
 
 
