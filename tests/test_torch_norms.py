@@ -163,6 +163,22 @@ MODULE_PAIRS = [
 ]
 
 
+def _step_like_pytorch(ours, theirs, x: np.ndarray, g: np.ndarray) -> None:
+    """One forward and backward of each module on x (upstream gradient g): the same output, gradients of
+    x and of every parameter, and state (buffers, num_batches_tracked) after it."""
+    xo, xt = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    y, yt = ours(xo), theirs(xt)
+    np.testing.assert_allclose(y.data, yt.detach().numpy(), atol=1e-12, rtol=1e-10)
+    got = grad(y, [xo, *ours.parameters()], g)
+    want = torch.autograd.grad(yt, [xt, *theirs.parameters()], torch.tensor(g))
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e.numpy(), atol=1e-11, rtol=1e-9)
+    state, state_t = ours.state_dict(), theirs.state_dict()
+    assert sorted(state) == sorted(state_t)
+    for k in state:
+        np.testing.assert_allclose(state[k], state_t[k].numpy(), atol=1e-13, rtol=1e-12, err_msg=k)
+
+
 @pytest.mark.parametrize("name, kwargs, shape", MODULE_PAIRS, ids=[f"{m[0]}-{m[1]}" for m in MODULE_PAIRS])
 def test_modules_over_train_and_eval_steps(name, kwargs, shape, rng) -> None:
     first = (
@@ -181,19 +197,7 @@ def test_modules_over_train_and_eval_steps(name, kwargs, shape, rng) -> None:
             theirs.eval()
         x = rng.standard_normal(shape) * (step + 1) + step
         g = rng.standard_normal(shape)
-        xo = Tensor(x, requires_grad=True)
-        xt = torch.tensor(x, requires_grad=True)
-        y, yt = ours(xo), theirs(xt)
-        np.testing.assert_allclose(y.data, yt.detach().numpy(), atol=1e-12, rtol=1e-10)
-        params, params_t = ours.parameters(), list(theirs.parameters())
-        got = grad(y, [xo, *params], g)
-        want = torch.autograd.grad(yt, [xt, *params_t], torch.tensor(g))
-        for a, e in zip(got, want):
-            np.testing.assert_allclose(a, e.numpy(), atol=1e-11, rtol=1e-9)
-        state, state_t = ours.state_dict(), theirs.state_dict()
-        assert sorted(state) == sorted(state_t)
-        for k in state:
-            np.testing.assert_allclose(state[k], state_t[k].numpy(), atol=1e-13, rtol=1e-12, err_msg=k)
+        _step_like_pytorch(ours, theirs, x, g)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -307,17 +311,7 @@ def test_module_over_empty_and_real_batches_like_pytorch(name, args, kwargs, sha
             ours.eval()
             theirs.eval()
         x, g = rng.standard_normal(batch) + 1, rng.standard_normal(batch)
-        xo, xt = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
-        y, yt = ours(xo), theirs(xt)
-        np.testing.assert_allclose(y.data, yt.detach().numpy(), atol=1e-12, rtol=1e-10)
-        got = grad(y, [xo, *ours.parameters()], g)
-        want = torch.autograd.grad(yt, [xt, *theirs.parameters()], torch.tensor(g))
-        for a, e in zip(got, want):
-            np.testing.assert_allclose(a, e.numpy(), atol=1e-11, rtol=1e-9)
-        state, state_t = ours.state_dict(), theirs.state_dict()
-        assert sorted(state) == sorted(state_t)
-        for k in state:
-            np.testing.assert_allclose(state[k], state_t[k].numpy(), atol=1e-13, rtol=1e-12, err_msg=k)
+        _step_like_pytorch(ours, theirs, x, g)
 
 
 @pytest.mark.parametrize("given", ["running_mean", "running_var"])
