@@ -36,6 +36,11 @@ from minigrad_norm.tensor import Tensor, enable_grad, grad, no_grad
 
 Fn = Callable[..., Tensor | Sequence[Tensor]]
 
+# gradcheck's default tolerances, right for central differences in float64; the complex step's
+# cross-check with central differences uses them whatever the caller's
+_CENTRAL_ATOL = 1e-5
+_CENTRAL_RTOL = 1e-3
+
 
 class GradcheckError(RuntimeError):
     """A reverse-mode gradient disagrees with the numerical one."""
@@ -190,8 +195,8 @@ def gradcheck_report(
     inputs: Tensor | Sequence[Tensor],
     *,
     eps: float | None = None,
-    atol: float = 1e-5,
-    rtol: float = 1e-3,
+    atol: float = _CENTRAL_ATOL,
+    rtol: float = _CENTRAL_RTOL,
     method: str = "central",
 ) -> GradcheckReport:
     """Run the checks of ``gradcheck`` and return the numbers instead of raising."""
@@ -277,11 +282,6 @@ def gradcheck_report(
     return GradcheckReport(not failure, worst_abs, worst_rel, failure)
 
 
-# the central-difference defaults, which the complex step's cross-check uses whatever the caller's tolerances
-_CENTRAL_ATOL = 1e-5
-_CENTRAL_RTOL = 1e-3
-
-
 def _worst_mismatch(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> tuple[int, int] | None:
     """Where ``|a - n| <= atol + rtol * |n|`` fails worst (NaN on either side fails), or None."""
     diff = np.nan_to_num(np.abs(a - n), nan=np.inf)
@@ -302,8 +302,8 @@ def gradcheck(
     inputs: Tensor | Sequence[Tensor],
     *,
     eps: float | None = None,
-    atol: float = 1e-5,
-    rtol: float = 1e-3,
+    atol: float = _CENTRAL_ATOL,
+    rtol: float = _CENTRAL_RTOL,
     raise_exception: bool = True,
     method: str = "central",
 ) -> bool:
