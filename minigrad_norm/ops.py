@@ -266,9 +266,11 @@ class Mean(Function):
 class Max(Function):
     """y = max of a over ``axis``.
 
-    dL/da = g at the maximal elements, 0 elsewhere. Ties share the gradient
-    equally (as ``torch.amax``), so the rule is the average of the one-sided
-    derivatives and finite differences across a tie see the same value.
+    dL/da = g at the maximal elements, 0 elsewhere. k tied maxima share the
+    gradient equally, g/k each (as ``torch.amax``). For a two-way tie that is
+    the average of the one-sided derivatives, which is what central differences
+    see; for k >= 3 they see 1/2 for each tied element, not 1/k: there is no
+    derivative at a tie, and finite differences cannot check one there.
     """
 
     @staticmethod

@@ -38,6 +38,11 @@ Design points, each one tested in ``tests/test_kernels.py``:
   to the terms: where y or dx is a small difference of large terms (a bias cancelling
   xhat * w, a group of one value where dx is exactly 0 but dxhat * rstd is large) the
   relative error of the result can be large, as it is in PyTorch's float32 kernels.
+  Two assumptions: the float64 statistics agree with the reference's, which holds when
+  their float64 sums are exact or nearly so, but not when values of very different sizes
+  cancel (254 ones beside 1e30 and -1e30: the sum depends on its order, and the means then
+  differ by far more than the bound); and no result is subnormal (below 2^-126 each
+  rounding adds an absolute 2^-150, whatever the size of the terms).
 * Only the reduction helpers (``@_helper``: one pass over one contiguous run, returning
   sums) carry a fastmath flag, ``reassoc``, which lets LLVM vectorize a sum by splitting
   it into lanes. Reordering a sum cannot turn NaN or +-inf into a finite number (a NaN,
