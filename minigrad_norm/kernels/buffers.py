@@ -1,7 +1,7 @@
 """Output buffers for the numba kernels, recycled instead of taken fresh from the OS.
 
-Why: glibc serves an allocation of 32 MiB or more (less while its threshold adapts) with new
-``mmap`` pages and unmaps them on free. The OS zeroes each new page on first touch, so a kernel
+Why: glibc serves an allocation of 32 MiB or more (from 128 KiB, while its threshold adapts) with
+new ``mmap`` pages and unmaps them on free. The OS zeroes each new page on first touch, so a kernel
 that allocates its 32 MiB output on every call also zeroes 32 MiB every call: a float32
 LayerNorm (8192, 1024) forward+backward took 16.1 ms allocating against 9.6 ms with ``out=``
 (``benchmarks/allocation.py``, 2 threads). PyTorch's CPU allocator sits on the same malloc and
@@ -33,6 +33,11 @@ import threading
 import numpy as np
 
 _ALIGN = 64  # a cache line: the streaming stores of numba_cpu write whole aligned lines
+# glibc's default mmap threshold: from this size on, malloc may serve a request with fresh pages (mmap) or
+# hand freed memory back to the OS (a trim of the heap's top), so a request repeated every call can fault
+# in and zero its pages every call. The statistics of a LayerNorm over 65536 rows (512 KiB each) did:
+# 258 page faults per forward+backward (tests/test_kernels_backend.py pins the threshold to show it).
+_MIN_POOLED_BYTES = 128 * 2**10
 
 
 def _aligned_view(raw: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -63,7 +68,7 @@ _UNUSED_REFS = _refs([np.empty(0, np.uint8)], 0)
 class BufferPool:
     """A cache of raw buffers for kernel outputs of at least ``min_bytes`` (see the module docstring)."""
 
-    def __init__(self, capacity: int, min_bytes: int = 2**20) -> None:
+    def __init__(self, capacity: int, min_bytes: int = _MIN_POOLED_BYTES) -> None:
         if capacity < 0 or min_bytes < 1:
             raise ValueError(f"BufferPool: capacity={capacity} and min_bytes={min_bytes} must be >= 0 and >= 1")
         self.capacity = capacity

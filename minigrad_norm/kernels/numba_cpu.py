@@ -943,8 +943,8 @@ def norm_forward(
     w2, b2 = _affine2(weight, G, K, 1.0, x.dtype), _affine2(bias, G, K, 0.0, x.dtype)
     y = _out_buffer(out, x.shape, x.dtype, reads=(xc, w2, b2))
     if stats is None:
-        mean2 = np.empty((1 if reduce_batch else N, G))
-        var2 = np.empty_like(mean2)
+        mean2 = POOL.empty((1 if reduce_batch else N, G), np.float64)
+        var2 = POOL.empty(mean2.shape, np.float64)
     else:
         mean2, var2 = (_stat2(s, G).copy() for s in stats)
     _kernel("forward", x.size)(
