@@ -203,6 +203,18 @@ def test_float32_large_mean_is_subtracted_exactly(reduce_batch):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_of_several_groups_split_inside_a_sample(dtype):
+    """Rows with a weight and bias per group (GroupNorm of an (N, C) input, the view (N, G, C/G, 1)): 65
+    samples of 2 groups are 130 rows, 3 per forward work item, so items start at group 0 or 1."""
+    rng = np.random.default_rng(9)
+    x = (2.0 + rng.standard_normal((65, 2, 5, 1))).astype(dtype)
+    w = rng.standard_normal((2, 5)).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=False, mask=None, eval_stats=False)
+    check_case({**case, "centered": True, "need_affine_grads": True})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_many_layer_norm_rows_per_chunk(dtype):
     """3000 rows, 47 per dweight/dbias chunk (the last chunk ragged): the partial sums over many rows."""
     rng = np.random.default_rng(8)

@@ -609,26 +609,29 @@ _item = numba.njit(cache=True, error_model="numpy")
 @_item
 def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last, scratch, stream):
     """Forward of the rows q = first..last-1 of x3 in (n, g) order, each with its own statistics."""
-    x3, w2, b2, y3, scratch = _borrowed(x3), _borrowed(w2), _borrowed(b2), _borrowed(y3), _borrowed(scratch)
     N, G, L = x3.shape
-    ahead = _rows_ahead(L, x3.itemsize)
+    # row q is (n, g) = divmod(q, G): indexed as rows of the contiguous arrays, not by (n, g), which
+    # took an integer division per row (1.2x the time on 128-value float32 rows, one thread, in cache)
+    x, y = _borrowed(x3.reshape((N * G, L))), _borrowed(y3.reshape((N * G, L)))
+    mean, var = mean2.reshape(N * G), var2.reshape(N * G)
+    w2, b2, scratch = _borrowed(w2), _borrowed(b2), _borrowed(scratch)
+    ahead = _rows_ahead(L, x.itemsize)
+    g = first % G
     for q in range(first, last):
-        n = q // G
-        g = q - n * G
-        xb = x3[n, g]
+        xb = x[q]
         if ahead and q + ahead < last:
-            na = (q + ahead) // G
-            _prefetch_row(x3[na, q + ahead - na * G])
+            _prefetch_row(x[q + ahead])
         mu = _sum(xb) / L if centered else 0.0
-        var = _sum_sq_dev(xb, mu) / L
-        mean2[n, g] = mu
-        var2[n, g] = var
-        r = 1.0 / math.sqrt(var + eps)
+        v = _sum_sq_dev(xb, mu) / L
+        mean[q] = mu
+        var[q] = v
+        r = 1.0 / math.sqrt(v + eps)
         if stream:
             _normalize_row(xb, scratch, w2[g], b2[g], has_b, mu, r)
-            _stream_copy(scratch, y3[n, g])
+            _stream_copy(scratch, y[q])
         else:
-            _normalize_row(xb, y3[n, g], w2[g], b2[g], has_b, mu, r)
+            _normalize_row(xb, y[q], w2[g], b2[g], has_b, mu, r)
+        g = g + 1 if g + 1 < G else 0
 
 
 @_item
