@@ -397,9 +397,10 @@ def grad(
 ) -> tuple[np.ndarray, ...]:
     """d(output)/d(input) contracted with ``gradient``, for each input, without touching ``.grad``.
 
-    Like ``torch.autograd.grad``: an input the output does not depend on gets zeros, and an
-    input that does not require grad raises ``RuntimeError``. Each result is a fresh writable
-    array, as ``.grad`` is after ``backward``.
+    Like ``torch.autograd.grad`` with ``materialize_grads=True``: an input the output does not
+    depend on gets zeros (PyTorch's default raises), and an input that does not require grad
+    raises ``RuntimeError``. Each result is a fresh writable array, as ``.grad`` is after
+    ``backward``.
     """
     for k, t in enumerate(inputs):
         if not t.requires_grad:  # its gradient would be zeros whatever the graph: most likely a mistake
