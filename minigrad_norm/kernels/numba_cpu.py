@@ -610,8 +610,9 @@ _item = numba.njit(cache=True, error_model="numpy")
 def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last, scratch, stream):
     """Forward of the rows q = first..last-1 of x3 in (n, g) order, each with its own statistics."""
     N, G, L = x3.shape
-    # row q is (n, g) = divmod(q, G): indexed as rows of the contiguous arrays, not by (n, g), which
-    # took an integer division per row (1.2x the time on 128-value float32 rows, one thread, in cache)
+    # row q is (n, g) = divmod(q, G), indexed here as a row of the contiguous arrays: indexing by (n, g)
+    # took an integer division per row, and the forward of 65536 float32 rows 1.08-1.10x the time on rows
+    # of 128 values, 1.18x on 64 (benchmarks/compare_kernels.py, 1 and 2 threads)
     x, y = _borrowed(x3.reshape((N * G, L))), _borrowed(y3.reshape((N * G, L)))
     mean, var = mean2.reshape(N * G), var2.reshape(N * G)
     w2, b2, scratch = _borrowed(w2), _borrowed(b2), _borrowed(scratch)
