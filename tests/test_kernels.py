@@ -203,15 +203,19 @@ def test_float32_large_mean_is_subtracted_exactly(reduce_batch):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_rows_of_several_groups_split_inside_a_sample(dtype):
+@pytest.mark.parametrize("centered", [True, False])
+@pytest.mark.parametrize("eval_stats", [False, True])
+def test_rows_of_several_groups_split_inside_a_sample(dtype, centered, eval_stats):
     """Rows with a weight and bias per group (GroupNorm of an (N, C) input, the view (N, G, C/G, 1)): 65
-    samples of 2 groups are 130 rows, 3 per forward work item, so items start at group 0 or 1."""
+    samples of 2 groups are 130 rows, 3 per forward work item, so items start at group 0 or 1. With
+    given statistics the forward takes the general loop, and the backward gets a mean that is not 0,
+    which an uncentered (RMS) backward must ignore (the float32 rows go in pairs there)."""
     rng = np.random.default_rng(9)
     x = (2.0 + rng.standard_normal((65, 2, 5, 1))).astype(dtype)
     w = rng.standard_normal((2, 5)).astype(dtype)
     dy = rng.standard_normal(x.shape).astype(dtype)
-    case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=False, mask=None, eval_stats=False)
-    check_case({**case, "centered": True, "need_affine_grads": True})
+    case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=False, mask=None, eval_stats=eval_stats)
+    check_case({**case, "centered": centered, "need_affine_grads": True})
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -436,6 +440,36 @@ def test_nan_inf_propagate_like_the_reference(dtype, reduce_batch, where):
     for centered in (True, False):
         for eval_stats in (False, True):
             check_case({**case, "centered": centered, "eval_stats": eval_stats})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reduce_batch", [False, True])
+@pytest.mark.parametrize("means", ["infinite", "beyond float32"])
+def test_given_infinite_or_huge_means_follow_the_reference(dtype, reduce_batch, means):
+    """Given statistics with a mean of +inf and -inf (a finite variance), or a float64 mean of 1e39, beyond
+    float32's range: y and the fixed-statistics gradients have the reference's values and infinities.
+    (An infinite mean has no float32 rounding error to carry; 1e39 has no float32 value at all, and a
+    float32 call with it goes to the reference.)"""
+    rng = np.random.default_rng(3)
+    x, dy = (rng.standard_normal((2, 3, 4, 5)).astype(dtype) for _ in range(2))
+    w, b = (rng.standard_normal((3, 4)).astype(dtype) for _ in range(2))
+    mean, var = np.zeros((3,) if reduce_batch else (2, 3)), np.ones((3,) if reduce_batch else (2, 3))
+    if means == "infinite":
+        mean.flat[:2] = np.inf, -np.inf
+    else:
+        mean.flat[0], var.flat[0] = 1e39, 1e74  # x - mean is about -1e39: y about -100 w + b
+    rstd = 1.0 / np.sqrt(var + EPS)
+    opts = dict(reduce_batch=reduce_batch)
+    got, want = (
+        (
+            mod.norm_forward(x, w, b, EPS, stats=(mean, var), **opts)[0],
+            *mod.norm_backward(dy, x, mean, rstd, w, fixed_stats=True, **opts),
+        )
+        for mod in (numba_cpu, reference)
+    )
+    assert np.isinf(want[0]).any() == (means == "infinite")
+    for name, g, w_ in zip(("y", "dx", "dweight", "dbias"), got, want):
+        assert_close(g, w_, dtype, name)
 
 
 def test_fastmath_helpers_keep_nan_inf():

@@ -144,7 +144,8 @@ def _split(x, mu):
     """The mean as mu_hi + mu_lo in x's dtype, mu_hi = mu rounded, mu_lo the rounding error rounded:
     (x - mu_hi) - mu_lo is x - mu to a rounding or two of the *result*, however large mu is next to
     x - mu (float32 x = 1e4 + N(0, 1): mu_hi alone would be off by up to 5e-4). An infinite or NaN
-    mean has no rounding error to carry: mu_lo = 0, and x - mu gives the reference's inf/NaN.
+    mean has no rounding error to carry: mu_lo = 0, and x - mu gives the reference's inf/NaN. A finite
+    mean beyond float32's range has no pair at all; such calls go to the reference (``_mean_fits``).
     For float64 data mu_lo is the constant 0.0 (jitted code only, see the overload below)."""
     raise NotImplementedError("_split runs inside jitted code only")
 
@@ -830,6 +831,17 @@ def _for_kernels(x: np.ndarray, *others: np.ndarray | None) -> bool:
     return x.dtype in _KERNEL_DTYPES and x.size > 0 and not any(np.iscomplexobj(a) for a in others)
 
 
+def _mean_fits(dtype: np.dtype, mean: np.ndarray) -> bool:
+    """Whether the kernels can carry every finite mean as a pair of ``dtype`` values (``_split``): not a
+    given float64 mean beyond float32's range for float32 data, whose float32 half would be inf (then
+    (x - inf) - (-inf) is NaN where the reference has a finite y). The mean of float32 data always fits."""
+    if dtype != np.float32:
+        return True
+    m = np.asarray(mean, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        return not np.any(np.isinf(m.astype(np.float32)) & np.isfinite(m))
+
+
 def _affine2(a: np.ndarray | None, G: int, K: int, fill: float, dtype: np.dtype) -> np.ndarray:
     """weight or bias as a contiguous (G, K) array: in the data's dtype when that holds it exactly (half
     the cache footprint of float64 for float32 data: it stays in L1 beside the streamed rows), else float64.
@@ -938,7 +950,7 @@ def norm_forward(
         "norm_forward", x, reduce_batch=reduce_batch, weight=weight, bias=bias, mask=mask, stats=stats, out=out,
         result_dtype=x.dtype,
     )  # fmt: skip
-    if not _for_kernels(x, weight, bias, *(stats or ())):
+    if not _for_kernels(x, weight, bias, *(stats or ())) or (stats is not None and not _mean_fits(x.dtype, stats[0])):
         return reference.norm_forward(
             x, weight, bias, eps, centered=centered, reduce_batch=reduce_batch, mask=mask, stats=stats, out=out
         )
@@ -993,7 +1005,7 @@ def norm_backward(
         result_dtype=x.dtype,
     )  # fmt: skip
     common = np.result_type(x.dtype, dy.dtype)
-    if common not in _KERNEL_DTYPES or not _for_kernels(x, dy, mean, rstd, weight):
+    if common not in _KERNEL_DTYPES or not _for_kernels(x, dy, mean, rstd, weight) or not _mean_fits(common, mean):
         return reference.norm_backward(
             dy, x, mean, rstd, weight, centered=centered, reduce_batch=reduce_batch, mask=mask,
             fixed_stats=fixed_stats, need_affine_grads=need_affine_grads, out=out,
