@@ -835,10 +835,12 @@ def _mean_fits(dtype: np.dtype, mean: np.ndarray) -> bool:
     """Whether the kernels can carry every finite mean as a pair of ``dtype`` values (``_split``): not a
     given float64 mean beyond float32's range for float32 data, whose float32 half would be inf (then
     (x - inf) - (-inf) is NaN where the reference has a finite y). The mean of float32 data always fits."""
+    if dtype != np.float32:
+        return True
     m = np.asarray(mean, dtype=np.float64)
     limit = float(np.finfo(np.float32).max)
     # the common case in two reductions and no temporary (NaN compares False: a NaN mean fits)
-    if dtype != np.float32 or not (m.max(initial=0.0) > limit or m.min(initial=0.0) < -limit):
+    if not (m.max(initial=0.0) > limit or m.min(initial=0.0) < -limit):
         return True
     with np.errstate(over="ignore"):
         return not np.any(np.isinf(m.astype(np.float32)) & np.isfinite(m))
