@@ -41,6 +41,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,8 @@ from minigrad_norm.kernels.buffers import aligned_empty
 EPS = 1e-5
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
 BYTES_PER_X = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
+# untimed calls before each timed one: enough to reach a steady state (see interleaved_medians)
+WARMUP_CALLS = 3
 IMPLS = ("numpy", "numba 1t", "numba", "numba out=", "torch 1t", "torch", "copy x")
 DRAM_SIZED_BYTES = 16 * 2**20
 
@@ -370,16 +373,28 @@ def _torch() -> Any:
 
 
 def interleaved_medians(
-    plan: dict[str, tuple[int, Callable[[], Any]]], torch: Any, min_rounds: int, budget_s: float
+    plan: dict[str, tuple[int, Callable[[], Any]]],
+    torch: Any,
+    min_rounds: int,
+    budget_s: float,
+    warmup_calls: int = 1,
 ) -> dict[str, float]:
-    """Median seconds per implementation, timed in rounds (one call of each per round, each on its own
-    thread count) so that a change in the machine's load hits all of them alike.
+    """Median seconds per implementation, timed in rounds (one timed call of each per round, each on its
+    own thread count) so that a change in the machine's load hits all of them alike.
 
-    Each timed call comes right after an untimed call of the same implementation, so that it runs in
-    its own steady state (its thread pool awake, its memory where its own last call left it), as in a
-    loop that repeats it, not in the state the previous implementation left behind. Timed right after
-    the other library, a LayerNorm 64x1024 float32 fwd+bwd took PyTorch 0.155 ms instead of 0.091 (after
-    numba's copy), and numba 0.124 ms instead of 0.096 (after PyTorch)."""
+    Each timed call comes right after ``warmup_calls`` untimed calls of the same implementation, so that
+    it runs in its own steady state (its thread pool awake, its memory where its own last call left it),
+    as in a loop that repeats it, not in the state the previous implementation left behind. Timed right
+    after the other library, a LayerNorm 64x1024 float32 fwd+bwd took PyTorch 0.155 ms instead of 0.091
+    (after numba's copy), and numba 0.124 ms instead of 0.096 (after PyTorch). One untimed call is not
+    always enough: after PyTorch's allocating calls have churned through fresh pages, numba's float32
+    BatchNorm 32x64x56x56 fwd+bwd took 1.25x its steady time on the first call, 1.15x on the second,
+    and was steady from about the fourth; a float64 LayerNorm 512x4096 fwd+bwd (64 MiB of arrays, which
+    this VM's L3 holds across calls) took 3.9 ms after one untimed call and 2.7 ms after three.
+
+    The order of the implementations is shuffled every round (with a fixed seed), so that none always
+    follows the same one: in a fixed order the one after a 1-thread implementation was timed 5-19 %
+    slower than its twin elsewhere in the round (numba allocating vs ``out=``, identical work)."""
     import numba
 
     def on_threads(n: int) -> None:
@@ -389,13 +404,17 @@ def interleaved_medians(
 
     saved = numba.get_num_threads(), torch.get_num_threads() if torch is not None else None
     times: dict[str, list[float]] = {name: [] for name in plan}
+    order, shuffle = list(plan), random.Random(0).shuffle
     try:
         start = time.perf_counter()
         rounds = 0
         while rounds < min_rounds or (time.perf_counter() - start < budget_s and rounds < 100):
-            for name, (threads, fn) in plan.items():
+            shuffle(order)
+            for name in order:
+                threads, fn = plan[name]
                 on_threads(threads)
-                fn()
+                for _ in range(warmup_calls):
+                    fn()
                 t = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t)
@@ -428,7 +447,7 @@ def time_case(
         plan["torch"] = (all_threads, torch_runner(torch, p, direction))
     bandwidth = {k.split()[0]: v for k, v in stream.measure([all_threads], 0.05).items()}
     plan = {k: v for k, v in plan.items() if k in impls}
-    ms = {impl: 1e3 * t for impl, t in interleaved_medians(plan, torch, reps, budget).items()}
+    ms = {impl: 1e3 * t for impl, t in interleaved_medians(plan, torch, reps, budget, WARMUP_CALLS).items()}
     if "numpy" in impls:
         ms["numpy"] = 1e3 * median_time(kernel_runner(reference, p, direction, False), reps, budget)
     return Row(p.case.norm, p.case.shape, p.dtype.name, direction, BYTES_PER_X[direction] * p.x.nbytes, ms, bandwidth)
@@ -638,7 +657,7 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
         "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|); '% copy'/'% triad' compare it with STREAM copy/triad on all "
         "threads, timed just before that row ('copy GB/s'); the other implementations are timed round-robin, "
-        "each call right after an untimed one of its own; "
+        f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own; "
         "'% copy x' compares it with 'copy x', a plain copy of x (the bytes of a forward) timed in the same "
         "rounds; "
         "'x numpy' = numpy / numba out=, 'x torch' = torch / numba (both allocating, "

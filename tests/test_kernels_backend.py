@@ -215,23 +215,41 @@ def test_bench_says_what_2x_pytorch_would_take_where_it_is_missed():
 
 
 def test_bench_times_each_implementation_in_its_own_steady_state():
-    """A call that runs slowly right after another implementation (a thread pool to wake, caches to
-    refill) must not be timed in that state: the medians are those of repeated calls."""
+    """A call that runs slowly after another implementation (a thread pool to wake, caches to refill),
+    here for its first two calls, must not be timed in that state: with three untimed calls before
+    each timed one, the medians are those of repeated calls."""
     last = []
 
     def impl(name: str):
         def call() -> None:
-            if last and last[-1] != name:
-                time.sleep(0.02)  # the cost of following another implementation
+            if last[-2:] != [name, name]:
+                time.sleep(0.02)  # the cost of following another implementation, paid twice
             last.append(name)
 
         return call
 
     plan = {"a": (1, impl("a")), "b": (1, impl("b"))}
-    medians = bench.interleaved_medians(plan, None, min_rounds=5, budget_s=0.0)
+    medians = bench.interleaved_medians(plan, None, min_rounds=5, budget_s=0.0, warmup_calls=3)
     assert set(medians) == {"a", "b"}
     assert all(m < 0.01 for m in medians.values()), medians
-    assert last.count("a") == last.count("b") >= 10  # interleaved: every round calls both
+    assert last.count("a") == last.count("b") >= 20  # interleaved: every round calls both
+    # one untimed call is not enough for this implementation: the harness would time the second slow call
+    last.clear()
+    assert all(m > 0.015 for m in bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=1).values())
+
+
+def test_bench_shuffles_the_order_of_each_round():
+    """No implementation always follows the same one: the rounds run in varying (seeded) orders."""
+    calls = []
+    plan = {name: (1, lambda name=name: calls.append(name)) for name in "abc"}
+    bench.interleaved_medians(plan, None, min_rounds=12, budget_s=0.0, warmup_calls=0)
+    rounds = ["".join(calls[i : i + 3]) for i in range(0, len(calls), 3)]
+    assert len(rounds) == 12 and all(sorted(r) == ["a", "b", "c"] for r in rounds)
+    assert len(set(rounds)) >= 3
+    first = list(rounds)
+    calls.clear()
+    bench.interleaved_medians(plan, None, min_rounds=12, budget_s=0.0, warmup_calls=0)
+    assert ["".join(calls[i : i + 3]) for i in range(0, len(calls), 3)] == first  # the same orders every run
 
 
 def test_bench_stream_copy_uses_ordinary_stores():
