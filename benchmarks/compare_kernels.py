@@ -1,7 +1,7 @@
 """Time the numba kernels against an earlier version of themselves, interleaved in one process.
 
     python benchmarks/compare_kernels.py REV [--views 8192x1x1024x1 32x8x8x3136 ...]
-                                             [--dtype float32] [--threads 2] [--rounds 60]
+                                             [--dtype float32] [--threads 2] [--rounds 60] [--cold]
 
 Loads ``minigrad_norm/kernels/numba_cpu.py`` as it was at git revision REV into a
 module of its own (compiled into its own cache), then times forward, backward and
@@ -9,7 +9,10 @@ backward without affine gradients of both versions on each (N, G, K, S) view, wi
 preallocated outputs. The two alternate call by call, and the order flips every
 round (ABBA), so that neither always runs in the cache state the other leaves
 behind: two copies of the same code measured this way agree within 2 %, while a
-fixed order showed 7-9 % between them. Reports the medians and new/old.
+fixed order showed 7-9 % between them. Reports the medians and new/old. ``--cold`` empties the
+caches before each timed call (``bench.Stream.evict``), as the benchmark times the listed shapes:
+without it the arrays of these shapes stay in this VM's large L3 from call to call, and a change
+that helps only when x comes from DRAM (a prefetch) shows nothing.
 A view whose name ends in "bn" (32x64x1x3136bn) reduces over the batch (BatchNorm).
 """
 
@@ -27,6 +30,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from minigrad_norm import bench
 from minigrad_norm.kernels import numba_cpu
 from minigrad_norm.kernels.buffers import aligned_empty
 
@@ -64,13 +68,16 @@ def runners(mod, view: str, dtype: np.dtype) -> dict:
     }
 
 
-def abba(old, new, rounds: int) -> tuple[float, float]:
-    """Median ms of each, alternating call by call, the order flipped every round."""
+def abba(old, new, rounds: int, before=None) -> tuple[float, float]:
+    """Median ms of each, alternating call by call, the order flipped every round; ``before`` (untimed)
+    runs before each timed call."""
     old(), new()
     times: dict[int, list[float]] = {0: [], 1: []}
     fns = (old, new)
     for r in range(rounds):
         for i in (0, 1) if r % 2 else (1, 0):
+            if before is not None:
+                before()
             t = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - t)
@@ -84,16 +91,20 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--cold", action="store_true", help="empty the caches before each timed call")
     args = parser.parse_args()
     numba.set_num_threads(args.threads)
+    before = bench.Stream(quick=True).evict if args.cold else None
     with tempfile.TemporaryDirectory() as tmp:
         old_mod = load_revision(args.rev, Path(tmp))
+        state = "cold" if args.cold else "hot"
         print(f"numba kernels: {args.rev} (old) against the working tree (new), {args.dtype}, {args.threads} threads")
+        print(f"{state} caches")
         print(f"{'view':>16} {'direction':>22} {'old ms':>9} {'new ms':>9} {'new/old':>8}")
         for view in args.views:
             old, new = runners(old_mod, view, np.dtype(args.dtype)), runners(numba_cpu, view, np.dtype(args.dtype))
             for direction in old:
-                t_old, t_new = abba(old[direction], new[direction], args.rounds)
+                t_old, t_new = abba(old[direction], new[direction], args.rounds, before)
                 print(f"{view:>16} {direction:>22} {t_old:>9.3f} {t_new:>9.3f} {t_new / t_old:>8.2f}")
                 sys.stdout.flush()
 

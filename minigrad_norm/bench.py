@@ -125,13 +125,17 @@ def sweep_cases(quick: bool) -> list[Case]:
 # timing
 
 
-def median_time(fn: Callable[[], Any], min_repeats: int, budget_s: float) -> float:
+def median_time(
+    fn: Callable[[], Any], min_repeats: int, budget_s: float, before_timed: Callable[[], Any] | None = None
+) -> float:
     """Median wall time of ``fn`` after one warm-up call: at least ``min_repeats`` runs, more
-    while within ``budget_s`` (at most 100)."""
+    while within ``budget_s`` (at most 100), each right after ``before_timed`` when given."""
     fn()
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < min_repeats or (time.perf_counter() - start < budget_s and len(times) < 100):
+        if before_timed is not None:
+            before_timed()
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
@@ -164,8 +168,9 @@ class Threads:
 # STREAM
 
 
-def _stream_kernels() -> tuple[Callable, Callable, Callable]:
-    """copy and triad with ordinary stores, as the kernels write all but big outputs; and memcpy.
+def _stream_kernels() -> tuple[Callable, Callable, Callable, Callable]:
+    """copy and triad with ordinary stores, as the kernels write all but big outputs; memcpy; and a sum,
+    which reads an array without writing anything (``Stream.evict``).
 
     Written as ``c[i] = a[i]``, a copy loop is replaced by LLVM with a call to ``memcpy``, and
     glibc's memcpy switches to non-temporal stores above a size threshold: those skip the
@@ -192,17 +197,25 @@ def _stream_kernels() -> tuple[Callable, Callable, Callable]:
         for i in numba.prange(a.shape[0]):
             c[i] = a[i]
 
-    return stream_copy, stream_triad, stream_memcpy
+    @numba.njit(parallel=True, cache=True)
+    def stream_sum(a):
+        s = 0.0
+        for i in numba.prange(a.shape[0]):
+            s += a[i]
+        return s
+
+    return stream_copy, stream_triad, stream_memcpy, stream_sum
 
 
 class Stream:
     """STREAM copy (c = a) and triad (a = b + s c), with ordinary stores, on float64 arrays of twice
     the L3 size each (once with --quick): allocated and faulted in once, then timed whenever asked.
-    "memcpy" is the copy done by memcpy (non-temporal stores at these sizes), reported beside them."""
+    "memcpy" is the copy done by memcpy (non-temporal stores at these sizes), reported beside them.
+    ``evict`` reads twice the L3 size of them, which leaves nothing else in the caches."""
 
     def __init__(self, quick: bool):
         n = max(2**22 if quick else 2**23, (1 if quick else 2) * _l3_bytes() // 8)
-        self.copy_kernel, self.triad_kernel, memcpy_kernel = _stream_kernels()
+        self.copy_kernel, self.triad_kernel, memcpy_kernel, self.sum_kernel = _stream_kernels()
         self.a, self.b, self.c = np.ones(n), np.full(n, 2.0), np.zeros(n)
         self.bytes = {"copy": 2 * self.a.nbytes, "triad": 3 * self.a.nbytes, "memcpy": 2 * self.a.nbytes}
         self.kernels = {
@@ -210,6 +223,14 @@ class Stream:
             "triad": lambda: self.triad_kernel(self.a, self.b, self.c, 3.0),
             "memcpy": lambda: memcpy_kernel(self.a, self.c),
         }
+        # b, which STREAM only reads (a is the triad's output): no dirty lines to write back
+        self.evicting = (self.b,) if self.b.nbytes >= 2 * _l3_bytes() else (self.b, self.a)
+
+    def evict(self) -> None:
+        """Empty the caches of anything but STREAM's arrays, whose lines are clean (read, not written): the
+        next call finds its data in DRAM, and no dirty lines of earlier calls to write back."""
+        for a in self.evicting:
+            self.sum_kernel(a)
 
     def measure(
         self, n_threads: Sequence[int], budget_s: float, names: Sequence[str] = ("copy", "triad")
@@ -327,6 +348,7 @@ class Row:
     bytes: int
     ms: dict[str, float]  # implementation -> median milliseconds
     stream: dict[str, float]  # STREAM copy and triad GB/s (all threads), timed interleaved with this row
+    cold: bool = True  # each call timed from empty caches (else hot, in a loop)
 
     def gbps(self, impl: str) -> float | None:
         t = self.ms.get(impl)
@@ -378,6 +400,7 @@ def interleaved_medians(
     min_rounds: int,
     budget_s: float,
     warmup_calls: int = 1,
+    before_timed: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
     """Median seconds per implementation, timed in rounds (one timed call of each per round, each on its
     own thread count) so that a change in the machine's load hits all of them alike.
@@ -394,7 +417,10 @@ def interleaved_medians(
 
     The order of the implementations is shuffled every round (with a fixed seed), so that none always
     follows the same one: in a fixed order the one after a 1-thread implementation was timed 5-19 %
-    slower than its twin elsewhere in the round (numba allocating vs ``out=``, identical work)."""
+    slower than its twin elsewhere in the round (numba allocating vs ``out=``, identical work).
+
+    ``before_timed`` (untimed) runs between the warm-up calls and the timed one: ``Stream.evict``, for
+    a timing from cold caches."""
     import numba
 
     def on_threads(n: int) -> None:
@@ -415,6 +441,8 @@ def interleaved_medians(
                 on_threads(threads)
                 for _ in range(warmup_calls):
                     fn()
+                if before_timed is not None:
+                    before_timed()
                 t = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t)
@@ -427,11 +455,20 @@ def interleaved_medians(
 
 
 def time_case(
-    p: Problem, direction: str, torch: Any, stream: Stream, all_threads: int, quick: bool, impls: Sequence[str]
+    p: Problem,
+    direction: str,
+    torch: Any,
+    stream: Stream,
+    all_threads: int,
+    quick: bool,
+    impls: Sequence[str],
+    cold: bool = True,
 ) -> Row:
     """One row: STREAM copy and triad on all threads just before (the bandwidth of the same moment: the
     machine is shared), then every implementation but NumPy interleaved round by round, then the NumPy
-    reference on its own (it is slow)."""
+    reference on its own (it is slow). ``cold``: each timed call starts from empty caches
+    (``Stream.evict``), so that x and dy come from DRAM, as the bandwidth fractions assume; else each
+    runs hot, as in a loop that repeats it on the same arrays."""
     from minigrad_norm.kernels import numba_cpu
 
     reps, budget = (3, 0.05) if quick else (7, 1.5)
@@ -447,10 +484,12 @@ def time_case(
         plan["torch"] = (all_threads, torch_runner(torch, p, direction))
     bandwidth = {k.split()[0]: v for k, v in stream.measure([all_threads], 0.05).items()}
     plan = {k: v for k, v in plan.items() if k in impls}
-    ms = {impl: 1e3 * t for impl, t in interleaved_medians(plan, torch, reps, budget, WARMUP_CALLS).items()}
+    evict = stream.evict if cold else None
+    ms = {impl: 1e3 * t for impl, t in interleaved_medians(plan, torch, reps, budget, WARMUP_CALLS, evict).items()}
     if "numpy" in impls:
-        ms["numpy"] = 1e3 * median_time(kernel_runner(reference, p, direction, False), reps, budget)
-    return Row(p.case.norm, p.case.shape, p.dtype.name, direction, BYTES_PER_X[direction] * p.x.nbytes, ms, bandwidth)
+        ms["numpy"] = 1e3 * median_time(kernel_runner(reference, p, direction, False), reps, budget, evict)
+    nbytes = BYTES_PER_X[direction] * p.x.nbytes
+    return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold)
 
 
 def startup_seconds(cold: bool) -> float:
@@ -529,7 +568,9 @@ def run(
             problem = None  # free the previous arrays first
             problem = Problem.make(case, np.dtype(dtype))
         sweep_impls = [i for i in impls if i in ("numpy", "numba", "numba out=", "torch", "copy x")]
-        row = time_case(problem, direction, torch, stream, all_threads, quick, sweep_impls if in_sweep else impls)
+        row = time_case(
+            problem, direction, torch, stream, all_threads, quick, sweep_impls if in_sweep else impls, cold=not in_sweep
+        )
         (sweep_rows if in_sweep else rows).append(row)
     times = {}
     if startup:
@@ -625,6 +666,8 @@ def target_summary(report: Report) -> list[str]:
         f"fwd+bwd at DRAM sizes, torch / numba, both allocating, all threads: "
         f"{span([_ratio(r.ms.get('torch'), r.ms.get('numba')) for r in fb], 'x')}; target >= 2x",
         f"  (where below 2x, twice PyTorch's own rate, in % of triad: {', '.join(below_2x) or 'none'})",
+        f"  (on one thread, torch 1t / numba 1t, numba with out=: "
+        f"{span([_ratio(r.ms.get('torch 1t'), r.ms.get('numba 1t')) for r in fb], 'x')})",
         f"fwd at DRAM sizes, numba out=, % of copy: {span([_percent(r, 'numba out=', 'copy') for r in fwd], '%')}; "
         "target >= 80%",
         f"  (the same against a copy of x timed alongside: fwd {span([_copy_x_percent(r) for r in fwd], '%')}, "
@@ -661,7 +704,9 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "'% copy x' compares it with 'copy x', a plain copy of x (the bytes of a forward) timed in the same "
         "rounds; "
         "'x numpy' = numpy / numba out=, 'x torch' = torch / numba (both allocating, "
-        "all threads). The LayerNorm D=1024 rows at the end are the size sweep.",
+        "all threads). The listed shapes are timed from cold caches: before each timed call, a read of twice "
+        "the L3 size evicts everything, so x and dy come from DRAM. The LayerNorm D=1024 rows at the end are "
+        "the size sweep, timed hot (in a loop on the same arrays, which stay in the caches where they fit).",
         "",
         format_table(report, markdown),
         "",

@@ -170,6 +170,7 @@ def test_bench_runs_end_to_end(tmp_path):
         cases=cases, sweep=[bench.layer_norm_case(4, 16)], dtypes=["float64"], startup=False, progress=False, quick=True
     )
     assert len(report.rows) == len(cases) * 3 and len(report.sweep) == 1
+    assert all(row.cold for row in report.rows) and not report.sweep[0].cold  # the sweep runs hot
     for row in report.rows:
         assert {"numpy", "numba 1t", "numba", "numba out=", "copy x"} <= set(row.ms)
         # the copy moves 2 |x| in every direction, the kernels 2, 3 or 5 |x|
@@ -214,6 +215,20 @@ def test_bench_says_what_2x_pytorch_would_take_where_it_is_missed():
     assert "3x3" not in line
 
 
+def test_bench_summary_compares_one_thread_with_one_thread():
+    ms = {"numba 1t": 10.0, "torch 1t": 31.0, "numba": 4.0, "torch": 10.0, "numba out=": 4.0}
+    stream = {"copy": 25.0, "triad": 30.0}
+
+    def row(n: int, x_bytes: int, torch_1t_ms: float) -> bench.Row:
+        return bench.Row("layer_norm", (n, n), "float32", "fwd+bwd", x_bytes, {**ms, "torch 1t": torch_1t_ms}, stream)
+
+    dram, cached = 5 * 32 * 2**20, 5 * 2**20
+    rows = [row(1, dram, 31.0), row(2, dram, 12.5), row(3, cached, 50.0)]  # the in-cache row is not counted
+    lines = bench.target_summary(bench.Report({}, {}, rows, [], {}, False))
+    assert any("all threads: 2.5x .. 2.5x" in t for t in lines)
+    assert any("on one thread, torch 1t / numba 1t" in t and "1.2x .. 3.1x" in t for t in lines)
+
+
 def test_bench_times_each_implementation_in_its_own_steady_state():
     """A call that runs slowly after another implementation (a thread pool to wake, caches to refill),
     here for its first two calls, must not be timed in that state: with three untimed calls before
@@ -236,6 +251,34 @@ def test_bench_times_each_implementation_in_its_own_steady_state():
     # one untimed call is not enough for this implementation: the harness would time the second slow call
     last.clear()
     assert all(m > 0.015 for m in bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=1).values())
+
+
+def test_bench_runs_before_timed_right_before_each_timed_call():
+    """With ``before_timed`` (the cache eviction of a cold timing), every timed call comes right after it:
+    the calls here are slow unless they follow it directly."""
+    state = {"evicted": False}
+
+    def call() -> None:
+        if not state["evicted"]:
+            time.sleep(0.02)
+        state["evicted"] = False
+
+    def evict() -> None:
+        state["evicted"] = True
+
+    plan = {"a": (1, call), "b": (1, call)}
+    medians = bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=2, before_timed=evict)
+    assert all(m < 0.01 for m in medians.values()), medians
+    assert bench.median_time(call, 5, 0.0, before_timed=evict) < 0.01
+    assert bench.median_time(call, 3, 0.0) > 0.015
+
+
+@pytest.mark.parametrize("l3_mib", [8, 64])
+def test_bench_eviction_reads_twice_the_l3(monkeypatch, l3_mib):
+    monkeypatch.setattr(bench, "_l3_bytes", lambda: l3_mib * 2**20)
+    stream = bench.Stream(quick=True)
+    assert sum(a.nbytes for a in stream.evicting) >= 2 * l3_mib * 2**20
+    assert stream.evicting[0] is stream.b  # the array STREAM only reads
 
 
 def test_bench_shuffles_the_order_of_each_round():
@@ -265,7 +308,7 @@ def test_bench_stream_copy_uses_ordinary_stores():
         np.testing.assert_array_equal(c, a)  # -0.0 + 0.0 is +0.0, which compares equal
         return fresh.overloads[fresh.signatures[0]].library.get_asm_str()  # includes the parallel body
 
-    copy, _, memcpy = bench._stream_kernels()
+    copy, _, memcpy, _ = bench._stream_kernels()
     assert "memcpy" not in compiled_asm(copy)
     assert "memcpy" in compiled_asm(memcpy)  # the check above can see a memcpy call when there is one
 
