@@ -23,10 +23,12 @@ Effective GB/s count the minimal bytes: forward reads x and writes y (2 |x|
 bytes), backward reads x and dy and writes dx (3 |x|), forward+backward 5 |x|
 (statistics and affine parameters are negligible). STREAM counts its bytes the
 same way (copy 2 arrays, triad 3 arrays), so "% of copy/triad" compares like
-with like. STREAM streams arrays of twice the L3 back to back; a kernel call on
-tens of MiB after other work rarely gets that rate, so each row also times
-"copy x" and reports the kernel against it ("% copy x": the GB/s of numba out=
-over the GB/s of copying x, at the same moment and in the same cache state).
+with like. STREAM streams arrays of twice the L3, from DRAM; so that the kernels
+are held to it on equal terms, every call on a listed shape is timed from cold
+caches (``Stream.evict`` first: x and dy come from DRAM), while the size sweep
+runs hot, to show the caches at work. Each row also times "copy x" and reports
+the kernel against it ("% copy x": the GB/s of numba out= over the GB/s of
+copying x, at the same moment and in the same cache state).
 The kernels are called at the ndarray level on each norm's 4-D view (see
 ``minigrad_norm.kernels.reference``), as the norm layers call them.
 
