@@ -22,11 +22,16 @@ Design points, each one tested in ``tests/test_kernels.py``:
   float64 data alike, as in the reference (``np.float64(dy[i])``: in numba ``float()`` of a
   float32 stays float32).
 * The passes that write an output (y, dx) compute in the data's dtype, in the reference's
-  operation order: for float32 data that is 16 lanes of an AVX-512 register instead of 8
-  and no conversions (``benchmarks/compare_kernels.py a32ff77``, against the float64
+  operation order: for float32 data that is twice the lanes per vector register and no
+  conversions (``benchmarks/compare_kernels.py a32ff77``, against the float64
   version, 2 threads: float32 forward 0-21 % faster, backward 2-21 %, by view and by the
-  machine's state; float64 unchanged). The mean enters as a float32 pair, ``(x - mu_hi) - mu_lo``
-  (see ``_split``), so a large mean next to a small spread costs nothing. For float64
+  machine's state; float64 unchanged). The registers are 256-bit (8 float32 lanes) even on
+  AVX-512 machines: LLVM's tuning for them prefers 256-bit vectors. Turning that off
+  (``NUMBA_CPU_FEATURES`` = the host's features plus ``-prefer-256-bit``) gave 512-bit code but
+  no consistent gain (three alternating processes, hot and cold caches: 0.6-1.65 by run, medians
+  within noise), and it would be process-wide, so the package leaves it. The mean enters as a
+  float32 pair, ``(x - mu_hi) - mu_lo`` (see ``_split``), so a large mean next to a small spread
+  costs nothing. For float64
   data this is the reference's arithmetic. For float32,
   with u = 2^-24 and every quantity below the exact (float64) one, each element is off
   from the reference by at most
@@ -169,7 +174,7 @@ def _split_impl(x, mu):
 # streaming stores: an output written once and not read back soon should bypass the cache
 
 
-_STREAM_BYTES = 64  # one cache line, one AVX-512 register
+_STREAM_BYTES = 64  # one cache line
 
 
 @intrinsic
