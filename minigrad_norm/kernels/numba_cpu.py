@@ -915,7 +915,10 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_
     On the 2-core VM (whose L3 holds tens of MiB), streaming into ``out`` took, of the time with
     ordinary stores: float32 BatchNorm/InstanceNorm/GroupNorm 32x64x56x56 (24.5 MiB) forward
     0.77-0.81, backward 0.91-1.05; float64 LayerNorm 4096x768 (24 MiB) 0.79 and 0.92; but LayerNorm
-    512x4096 at 16 MiB (float64) 0.98 and 1.17, and at 8 MiB (float32) 1.04 and 1.16.
+    512x4096 at 16 MiB (float64) 0.98 and 1.17, and at 8 MiB (float32) 1.04 and 1.16. From cold
+    caches (``compare_kernels.py --cold``, two runs) streaming the 16 MiB float64 outputs took the
+    forward 0.85-0.86 and the backward 0.92 of the time, but hot 1.15-1.31 and 1.04-1.12: at that size
+    it depends on whether the arrays are still in the cache, and the threshold stays above it.
 
     A block that does not start and end on a cache line writes its first and last line with ordinary
     stores, and a line shared by two blocks is written by both. ``benchmarks/streaming_stores.py``
