@@ -216,6 +216,7 @@ def test_bench_says_what_2x_pytorch_would_take_where_it_is_missed():
 
 
 def test_bench_summary_compares_one_thread_with_one_thread():
+    """The summary's 1-thread line divides torch 1t by numba 1t over the DRAM-sized rows only."""
     ms = {"numba 1t": 10.0, "torch 1t": 31.0, "numba": 4.0, "torch": 10.0, "numba out=": 4.0}
     stream = {"copy": 25.0, "triad": 30.0}
 
