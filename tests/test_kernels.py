@@ -219,6 +219,22 @@ def test_rows_of_several_groups_split_inside_a_sample(dtype, centered, eval_stat
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("centered", [True, False])
+@pytest.mark.parametrize("eval_stats", [False, True])
+def test_blocks_in_pairs_and_alone(dtype, centered, eval_stats):
+    """Blocks (InstanceNorm/GroupNorm, S > 1): 65 samples of 2 groups are 130 blocks, 3 per forward work
+    item, so the forward takes a pair of blocks (straddling two samples in every other item) and one
+    alone. With given statistics it takes no pairs. The offset of the second group tests each block's
+    mean on its own."""
+    rng = np.random.default_rng(10)
+    x = (rng.standard_normal((65, 2, 5, 3)) + np.array([2.0, -300.0])[:, None, None]).astype(dtype)
+    w = rng.standard_normal((2, 5)).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=False, mask=None, eval_stats=eval_stats)
+    check_case({**case, "centered": centered, "need_affine_grads": True})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_many_layer_norm_rows_per_chunk(dtype):
     """3000 rows, 47 per dweight/dbias chunk (the last chunk ragged): the partial sums over many rows."""
     rng = np.random.default_rng(8)
