@@ -11,7 +11,7 @@ round (ABBA), so that neither always runs in the cache state the other leaves
 behind: two copies of the same code measured this way agree within 2 %, while a
 fixed order showed 7-9 % between them. Reports the medians and new/old. ``--cold`` empties the
 caches before each timed call (``bench.Stream.evict``), as the benchmark times the listed shapes:
-without it the arrays of these shapes stay in this VM's large L3 from call to call, and a change
+without it the arrays of these shapes can stay in a large L3 from call to call, and a change
 that helps only when x comes from DRAM (a prefetch) shows nothing.
 A view whose name ends in "bn" (32x64x1x3136bn) reduces over the batch (BatchNorm).
 """

@@ -56,6 +56,7 @@ import numpy as np
 
 from minigrad_norm.kernels import reference
 from minigrad_norm.kernels.buffers import aligned_empty
+from minigrad_norm.kernels.machine import l3_bytes
 
 EPS = 1e-5
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
@@ -180,7 +181,8 @@ def _stream_kernels() -> tuple[Callable, Callable, Callable, Callable]:
     each 2 it counts, where an ordinary store moves 3 (copy) or 4 for 3 (triad). On a 2-core VM with
     1 GiB arrays, memcpy ran at 49.6 GB/s, the ordinary copy at 28.0 and the triad at 31.7: a
     kernel writing its output with ordinary stores was being held to a rate it cannot reach. (The
-    kernels stream outputs of 24 MiB or more, and can then beat the ordinary copy.)
+    kernels stream large outputs, ``numba_cpu.STREAMING_STORE_MIN_BYTES`` or more, and can then beat
+    the ordinary copy.)
     ``+ 0.0`` keeps the loop (x + 0.0 is not x for x = -0.0, so LLVM cannot drop the add)."""
     import numba
 
@@ -216,7 +218,7 @@ class Stream:
     ``evict`` reads twice the L3 size of them, which leaves nothing else in the caches."""
 
     def __init__(self, quick: bool):
-        n = max(2**22 if quick else 2**23, (1 if quick else 2) * _l3_bytes() // 8)
+        n = max(2**22 if quick else 2**23, (1 if quick else 2) * l3_bytes() // 8)
         self.copy_kernel, self.triad_kernel, memcpy_kernel, self.sum_kernel = _stream_kernels()
         self.a, self.b, self.c = np.ones(n), np.full(n, 2.0), np.zeros(n)
         self.bytes = {"copy": 2 * self.a.nbytes, "triad": 3 * self.a.nbytes, "memcpy": 2 * self.a.nbytes}
@@ -226,7 +228,7 @@ class Stream:
             "memcpy": lambda: memcpy_kernel(self.a, self.c),
         }
         # b, which STREAM only reads (a is the triad's output): no dirty lines to write back
-        self.evicting = (self.b,) if self.b.nbytes >= 2 * _l3_bytes() else (self.b, self.a)
+        self.evicting = (self.b,) if self.b.nbytes >= 2 * l3_bytes() else (self.b, self.a)
 
     def evict(self) -> None:
         """Empty the caches of anything but STREAM's arrays, whose lines are clean (read, not written): the
@@ -244,15 +246,6 @@ class Stream:
                 with Threads(t):
                     out[f"{name} {t}t"] = self.bytes[name] / median_time(self.kernels[name], 3, budget_s) / 1e9
         return out
-
-
-def _l3_bytes() -> int:
-    try:
-        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
-            text = f.read().strip()
-        return int(text[:-1]) * {"K": 2**10, "M": 2**20}[text[-1]]
-    except (OSError, ValueError, KeyError):
-        return 32 * 2**20
 
 
 # ---------------------------------------------------------------------------
@@ -364,6 +357,8 @@ class Row:
 def machine_description() -> dict[str, Any]:
     import numba
 
+    from minigrad_norm.kernels import numba_cpu
+
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -373,7 +368,8 @@ def machine_description() -> dict[str, Any]:
     info = {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "l3_bytes": _l3_bytes(),
+        "l3_bytes": l3_bytes(),
+        "streaming_store_min_bytes": numba_cpu.STREAMING_STORE_MIN_BYTES,
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
         "threading_layer": os.environ.get("NUMBA_THREADING_LAYER", numba.config.THREADING_LAYER),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
@@ -415,7 +411,8 @@ def interleaved_medians(
     always enough: after PyTorch's allocating calls have churned through fresh pages, numba's float32
     BatchNorm 32x64x56x56 fwd+bwd took 1.25x its steady time on the first call, 1.15x on the second,
     and was steady from about the fourth; a float64 LayerNorm 512x4096 fwd+bwd (64 MiB of arrays, which
-    this VM's L3 holds across calls) took 3.9 ms after one untimed call and 2.7 ms after three.
+    the Intel VM's L3 of 260 MiB held across calls) took 3.9 ms after one untimed call and 2.7 ms after
+    three.
 
     The order of the implementations is shuffled every round (with a fixed seed), so that none always
     follows the same one: in a fixed order the one after a 1-thread implementation was timed 5-19 %
@@ -694,7 +691,7 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "",
         "STREAM (numba, float64, GB/s; copy and triad with ordinary stores; memcpy with the non-temporal "
         "stores glibc uses at this size, for reference only; the kernels use such stores for outputs "
-        "of 24 MiB or more, and can then exceed 100% of copy): "
+        "of streaming_store_min_bytes or more, and can then exceed 100% of copy): "
         + ", ".join(f"{k} {v:.1f}" for k, v in report.stream.items()),
         "",
         "Columns: median ms per call (numpy = reference; '1t' = one thread; numba = allocating outputs "

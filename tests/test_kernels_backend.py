@@ -17,7 +17,7 @@ import pytest
 import minigrad_norm as mg
 from minigrad_norm import backend, bench
 from minigrad_norm.cli import main as cli_main
-from minigrad_norm.kernels import reference
+from minigrad_norm.kernels import machine, reference
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -274,9 +274,20 @@ def test_bench_runs_before_timed_right_before_each_timed_call():
     assert bench.median_time(call, 3, 0.0) > 0.015
 
 
+@pytest.mark.parametrize(
+    "text, expected",
+    [("16384K\n", 16 * 2**20), ("260M", 260 * 2**20), ("", None), ("32768", None), ("big", None)],
+)
+def test_l3_size_is_read_from_sysfs_else_the_default(tmp_path, text, expected):
+    size_file = tmp_path / "size"
+    size_file.write_text(text)
+    assert machine.l3_bytes(size_file) == (expected or machine.DEFAULT_L3_BYTES)
+    assert machine.l3_bytes(tmp_path / "missing") == machine.DEFAULT_L3_BYTES
+
+
 @pytest.mark.parametrize("l3_mib", [8, 64])
 def test_bench_eviction_reads_twice_the_l3(monkeypatch, l3_mib):
-    monkeypatch.setattr(bench, "_l3_bytes", lambda: l3_mib * 2**20)
+    monkeypatch.setattr(bench, "l3_bytes", lambda: l3_mib * 2**20)
     stream = bench.Stream(quick=True)
     assert sum(a.nbytes for a in stream.evicting) >= 2 * l3_mib * 2**20
     assert stream.evicting[0] is stream.b  # the array STREAM only reads

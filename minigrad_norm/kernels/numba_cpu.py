@@ -25,11 +25,12 @@ Design points, each one tested in ``tests/test_kernels.py``:
   operation order: for float32 data that is twice the lanes per vector register and no
   conversions (``benchmarks/compare_kernels.py a32ff77``, against the float64
   version, 2 threads: float32 forward 0-21 % faster, backward 2-21 %, by view and by the
-  machine's state; float64 unchanged). The registers are 256-bit (8 float32 lanes) even on
-  AVX-512 machines: LLVM's tuning for them prefers 256-bit vectors. Turning that off
-  (``NUMBA_CPU_FEATURES`` = the host's features plus ``-prefer-256-bit``) gave 512-bit code but
-  no consistent gain (three alternating processes, hot and cold caches: 0.6-1.65 by run, medians
-  within noise), and it would be process-wide, so the package leaves it. The mean enters as a
+  machine's state; float64 unchanged). The vector width is LLVM's choice for the host CPU: on
+  Intel's AVX-512 server cores its tuning prefers 256-bit registers (8 float32 lanes), on AMD Zen 4
+  (``znver4``) it uses 512-bit ones. Overriding it on the Intel VM (``NUMBA_CPU_FEATURES`` = the host's
+  features plus ``-prefer-256-bit``) gave 512-bit code but no consistent gain (three alternating
+  processes, hot and cold caches: 0.6-1.65 by run, medians within noise), and it would be
+  process-wide, so the package leaves it. The mean enters as a
   float32 pair, ``(x - mu_hi) - mu_lo`` (see ``_split``), so a large mean next to a small spread
   costs nothing. For float64
   data this is the reference's arithmetic. For float32,
@@ -70,7 +71,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
   run the same loops, so they give the same bits.
 * Outputs the functions allocate come from ``buffers.POOL``: recycled memory, 64-byte aligned,
   rather than fresh pages that the OS must zero (see ``minigrad_norm.kernels.buffers``).
-* Outputs of 24 MiB or more (``out=`` or the pool's), in blocks of at least 2 KiB (or, in the
+* Outputs of ``STREAMING_STORE_MIN_BYTES`` or more (``out=`` or the pool's: a quarter of the L3, at
+  most 24 MiB), in blocks of at least 2 KiB (or, in the
   backward, of whole cache lines), are written with streaming (non-temporal) stores: each block
   is computed into a scratch row in L1, then copied out by ``_stream_copy`` without the
   read-for-ownership an ordinary store makes. The values are the same bits either way (tested, at every alignment of
@@ -82,7 +84,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
     InstanceNorm, GroupNorm 32x64x56x56: 0.77-0.81), backward 0.89-1.05;
   into 64-byte aligned buffers the gain is larger (float32 LayerNorm 8192x1024: forward 0.76,
   backward 0.83, against 0.94 and 0.96 unaligned; ``benchmarks/streaming_stores.py``).
-  Smaller outputs keep ordinary stores: they can stay in the cache for the next layer to read.
+  Smaller outputs keep ordinary stores: they can stay in the cache for the next layer to read
+  (where the line between them lies, and why it depends on the L3, see ``_streams``).
 * ``cache=True`` and compiled on first call: importing this module compiles nothing.
 * Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
   place when they are C-contiguous, of x's dtype and overlap no input other than being
@@ -111,6 +114,7 @@ from numba.extending import intrinsic, overload
 
 from minigrad_norm.kernels import reference
 from minigrad_norm.kernels.buffers import POOL
+from minigrad_norm.kernels.machine import l3_bytes
 
 # Below this many elements the serial compile runs: the parallel launch costs more than it saves.
 # With OMP_WAIT_POLICY=PASSIVE (see minigrad_norm.backend) waking the pool costs ~35 us per parallel
@@ -119,7 +123,9 @@ from minigrad_norm.kernels.buffers import POOL
 PARALLEL_MIN_ELEMENTS = 1 << 18
 # Outputs of at least this many bytes, in blocks of at least this many (or, in the backward, of whole
 # cache lines, at least the aligned minimum), are written with streaming (non-temporal) stores: see _streams.
-STREAMING_STORE_MIN_BYTES = 24 * 2**20
+# A quarter of the L3 (x, y, dy and dx of that size fill it), and at most 24 MiB (a VM may report a whole
+# socket's L3, shared with other tenants).
+STREAMING_STORE_MIN_BYTES = min(24 * 2**20, l3_bytes() // 4)
 STREAMING_STORE_MIN_BLOCK_BYTES = 2048
 STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES = 512
 # The forward row loop (LayerNorm, RMSNorm) prefetches rows of at most this many bytes, this far ahead: see _rows_ahead.
@@ -961,8 +967,20 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_
     place (not a temporary copied into an unusable ``out`` right after), big, in long blocks, or with
     ``short_aligned_blocks`` (the backward) in shorter blocks made of whole cache lines.
 
-    Only an output too big to stay in the cache gains, and what that means depends on the machine.
-    On the 2-core VM (whose L3 holds tens of MiB), streaming into ``out`` took, of the time with
+    Only an output too big to stay in the cache gains, and what that means depends on the machine:
+    ``STREAMING_STORE_MIN_BYTES`` is a quarter of the L3 (where x, y, dy and dx of a forward+backward
+    no longer fit in it together), and at most 24 MiB, because a VM may report a whole socket's L3
+    (260 MiB on our Intel VM), of which it holds an unknown share.
+
+    On the 2-core AMD EPYC (Zen 4) VM, 32 MiB of L3: a threshold of 8 MiB; streaming into ``out`` took,
+    of the time with ordinary stores (2 threads, hot and cold, float32 unless said), LayerNorm 512x4096
+    (8 MiB) forward 0.91-0.92, backward 0.89-0.90; 1024x4096 (16 MiB) 0.80-0.92 and 0.88-0.91; 4096x768
+    (12 MiB) 0.92-0.99 and 0.83-0.87; BatchNorm 16x64x56x56 (12 MiB) 0.86-0.90 and 0.87-0.88;
+    GroupNorm 16x64x56x56 0.97-1.10 and 1.01; float64 LayerNorm 512x4096 (16 MiB) 0.90-0.95 and 0.95-0.96.
+    At 4 MiB (float32 LayerNorm 256x4096) it still gained a little (0.89-0.93, backward 0.98-0.99).
+
+    On the 2-core Intel (Emerald Rapids) VM, 260 MiB of L3 reported: a threshold of 24 MiB, the
+    smallest size at which streaming gained there. Streaming into ``out`` took, of the time with
     ordinary stores: float32 BatchNorm/InstanceNorm/GroupNorm 32x64x56x56 (24.5 MiB) forward
     0.77-0.81, backward 0.91-1.05; float64 LayerNorm 4096x768 (24 MiB) 0.79 and 0.92; but LayerNorm
     512x4096 at 16 MiB (float64) 0.98 and 1.17, and at 8 MiB (float32) 1.04 and 1.16. From cold
