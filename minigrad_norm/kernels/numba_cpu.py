@@ -288,7 +288,11 @@ def _rows_ahead(L, itemsize):
     1.56 from cold caches, but the whole forward 0.91-0.99 (InstanceNorm, BatchNorm) and 0.97-0.99
     (GroupNorm, LayerNorm) by run, and hot, where such an input may still be in this VM's L3,
     1.03-1.14. Into L2, ``prefetcht1``, the pass that only sums gained nothing. Nor the first 8 KiB
-    of the next x and dy blocks in an InstanceNorm/GroupNorm backward: 1.00-1.02 cold, 1.11-1.13 hot.)"""
+    of the next x and dy blocks in an InstanceNorm/GroupNorm backward: 1.00-1.02 cold, 1.11-1.13 hot.)
+    Those were measured on the Intel VM. On the AMD EPYC (Zen 4) VM the short-row prefetch took float32
+    rows of 64-256 values 1.05-1.10 of the time hot, 1.03-1.09 cold, float64 rows 0.97-1.11: a little
+    slower, kept for the Intel machines it helps. Rows of up to 16 KiB, 8 KiB ahead, took there float32
+    rows of 4096, 768 and 1024 values 1.10, 1.29 and 1.15 of the time cold, 1.11, 1.26, 1.28 hot."""
     row_bytes = L * itemsize
     if row_bytes == 0 or row_bytes > PREFETCH_MAX_ROW_BYTES:
         return 0
@@ -321,7 +325,7 @@ def _stream_copy(src, dst):
     kernel that writes an output it does not read moves three bytes over the memory bus for each
     two it counts: STREAM's copy done with ordinary stores reaches at most 2/3 of one done with
     non-temporal ones (``memcpy`` switches to them above a size; 28 against 49.6 GB/s on the
-    2-core VM). The kernels compute an output block into a small scratch row that stays in L1 and
+    2-core Intel VM). The kernels compute an output block into a small scratch row that stays in L1 and
     stream it out with this; the caller ends with ``_store_fence``."""
     n = dst.shape[0]
     lanes = _STREAM_BYTES // dst.itemsize
@@ -668,7 +672,8 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
     g = first % G
     # one row at a time: rows in pairs, as the blocks of _forward_groups, took float32 rows of 1024 values
     # 0.91-0.92 of the time (hot and cold), but rows of 128 values 1.00-1.11, of 768 0.94-1.06, float64 rows
-    # 0.96-1.06 (compare_kernels.py, 2 threads)
+    # 0.96-1.06 (compare_kernels.py, 2 threads, the Intel VM); on the AMD VM, rows of 4 KiB or more in pairs
+    # took float32 rows of 4096 values 1.01 (cold) and 1.09 (hot), of 1024 1.27 and 1.25, float64 rows 0.91-1.14
     for q in range(first, last):
         xb = x[q]
         if ahead and q + ahead < last:
