@@ -267,12 +267,13 @@ def test_parallel_path_equals_reference_and_serial(monkeypatch, dtype):
         assert_close(results[1][0], want_y, dtype, "parallel forward")
 
 
-@given(cases(), st.integers(0, 17), st.booleans(), st.booleans())
+@given(st.one_of(cases(), cases(max_side=3, long_rows=True)), st.integers(0, 17), st.booleans(), st.booleans())
 def test_streaming_stores_change_no_bit_and_stay_inside_out(case, offset, parallel, non_finite):
     """Streaming (non-temporal) stores change how y and dx reach memory, never their values: forced
     on for every size and block length, with ``out`` at every alignment (``offset`` elements into a
     buffer), on the serial and the parallel compile, with NaN/inf in x or not, they give the bits of
-    the ordinary stores, and leave the guard values around ``out`` untouched."""
+    the ordinary stores, and leave the guard values around ``out`` untouched. Long groups (S in the
+    hundreds or thousands) take the path that streams a block a run of S values at a time."""
     x = case["x"]
     if non_finite and x.size >= 3:
         x = _with_non_finite(x, np.random.default_rng(offset))
