@@ -178,14 +178,20 @@ def test_long_rows(case):
     check_case(case)
 
 
-@given(cases(max_side=3, long_rows=True))
-def test_long_layer_norm_rows(case):
-    """LayerNorm's view (rows, 1, D, 1) with D in the thousands: the S == 1 fast path."""
+def as_layer_norm_rows(case: dict) -> dict:
+    """A long-group case as LayerNorm's view (rows, 1, D, 1), D = S in the thousands."""
     N, G, K, S = case["x"].shape
+    case = dict(case)
     for key in ("x", "dy"):
         case[key] = np.ascontiguousarray(case[key]).reshape(N * G * K, 1, S, 1)
     w = np.resize(np.linspace(-2, 2, 7), (1, S)).astype(case["x"].dtype)
     case.update(mask=None, weight=w, bias=None if case["bias"] is None else w[:, ::-1] * 0.5)
+    return case
+
+
+@given(cases(max_side=3, long_rows=True).map(as_layer_norm_rows))
+def test_long_layer_norm_rows(case):
+    """LayerNorm's view (rows, 1, D, 1) with D in the thousands: the S == 1 fast path."""
     check_case(case)
 
 
@@ -267,13 +273,18 @@ def test_parallel_path_equals_reference_and_serial(monkeypatch, dtype):
         assert_close(results[1][0], want_y, dtype, "parallel forward")
 
 
-@given(st.one_of(cases(), cases(max_side=3, long_rows=True)), st.integers(0, 17), st.booleans(), st.booleans())
+@given(
+    st.one_of(cases(), cases(max_side=3, long_rows=True), cases(max_side=3, long_rows=True).map(as_layer_norm_rows)),
+    st.integers(0, 17),
+    st.booleans(),
+    st.booleans(),
+)
 def test_streaming_stores_change_no_bit_and_stay_inside_out(case, offset, parallel, non_finite):
     """Streaming (non-temporal) stores change how y and dx reach memory, never their values: forced
     on for every size and block length, with ``out`` at every alignment (``offset`` elements into a
     buffer), on the serial and the parallel compile, with NaN/inf in x or not, they give the bits of
-    the ordinary stores, and leave the guard values around ``out`` untouched. Long groups (S in the
-    hundreds or thousands) take the path that streams a block a run of S values at a time."""
+    the ordinary stores, and leave the guard values around ``out`` untouched. Long groups and long
+    LayerNorm rows (hundreds or thousands of values) are streamed in pieces (``_scratch_len``)."""
     x = case["x"]
     if non_finite and x.size >= 3:
         x = _with_non_finite(x, np.random.default_rng(offset))

@@ -131,6 +131,8 @@ STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES = 512
 # The forward row loop (LayerNorm, RMSNorm) prefetches rows of at most this many bytes, this far ahead: see _rows_ahead.
 PREFETCH_MAX_ROW_BYTES = 2048
 PREFETCH_DISTANCE_BYTES = 2048
+# A streamed output goes through an L1-resident scratch row of at most this many bytes: see _scratch_len.
+STREAM_CHUNK_BYTES = 4096
 # dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks
 # (and at most this many work items in the forward).
 _MIN_TERMS_PER_CHUNK = 16
@@ -570,15 +572,30 @@ def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
 
 
 @numba.njit(cache=True, inline="always")
-def _streams_by_runs(K, S, itemsize):
-    """Whether a streamed block of K runs of S values goes out a run at a time (computed into the first S
-    values of the scratch row, then streamed), rather than whole: when it has several runs, each long enough
-    to stream on its own (STREAMING_STORE_MIN_BLOCK_BYTES). A GroupNorm block of 8 channels of 3136 float32
-    values is 98 KiB, three times L1: computed whole into the scratch row, it went through L2 and back.
-    A run at a time, ``benchmarks/compare_kernels.py`` (32x8x8x3136, 2 threads, the AMD VM) took the
-    float32 forward 0.93-0.97 of the time from cold caches, 0.94-0.95 hot, the backward 0.86-0.89 cold,
-    0.87 hot; float64 0.93 and 0.89-0.92 cold, the forward 0.91 hot."""
-    return K > 1 and S * itemsize >= STREAMING_STORE_MIN_BLOCK_BYTES
+def _streams_by_runs(S, itemsize):
+    """Whether a streamed (n, g) block of K runs of S values goes out run by run, each in pieces of at most
+    the scratch row (``_scratch_len``), rather than whole through a scratch row of the block's size: when
+    a run is long enough to stream on its own (STREAMING_STORE_MIN_BLOCK_BYTES)."""
+    return S * itemsize >= STREAMING_STORE_MIN_BLOCK_BYTES
+
+
+@numba.njit(cache=True, inline="always")
+def _scratch_len(L, S, rows, itemsize):
+    """Values in the scratch row a streamed block goes through: a LayerNorm row (``rows``) or a run of a
+    block (``_streams_by_runs``) in pieces of STREAM_CHUNK_BYTES, else a whole block of L values.
+
+    Computed whole into the scratch row and then streamed out, a long row or block leaves L1 (32 KiB
+    here, which also holds the input row and, for a row, its weight and bias) and makes the round trip
+    through L2. In pieces of 4 KiB, ``benchmarks/compare_kernels.py`` (2 threads, the AMD VM) took
+    LayerNorm 512x4096 (float32 rows of 16 KiB) 0.91-0.99 of the time forward, 0.94-0.96 backward,
+    float64 0.84-0.92 and 0.94; in pieces of 2 KiB, rows of 768 and 1024 float32 values took 1.01-1.04.
+    A GroupNorm block of 8 channels of 3136 float32 values (98 KiB) run by run, whole runs: forward
+    0.91-0.97, backward 0.86-0.92, float32 and float64, cold and hot. Those runs (12 KiB) and the blocks
+    of InstanceNorm and BatchNorm (one such run) in pieces of 4 KiB: float32 0.96-1.04 of the time,
+    float64 (runs of 24 KiB) 0.89-0.95 cold."""
+    if rows or _streams_by_runs(S, itemsize):
+        return min(L, STREAM_CHUNK_BYTES // itemsize)
+    return L
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
@@ -620,8 +637,11 @@ def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
 def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed):
     """``_dx_row`` into dxb, streamed through ``scratch`` with ``stream``."""
     if stream:
-        _dx_row(dyb, xb, scratch, w, mu, r, proj, mdx, fixed)
-        _stream_copy(scratch, dxb)
+        c = scratch.shape[0]
+        for j0 in range(0, xb.shape[0], c):
+            j1 = min(xb.shape[0], j0 + c)
+            _dx_row(dyb[j0:j1], xb[j0:j1], scratch[: j1 - j0], w[j0:j1], mu, r, proj, mdx, fixed)
+            _stream_copy(scratch[: j1 - j0], dxb[j0:j1])
     else:
         _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed)
 
@@ -696,8 +716,12 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
         var[q] = v
         r = 1.0 / math.sqrt(v + eps)
         if stream:
-            _normalize_row(xb, scratch, w2[g], b2[g], has_b, mu, r)
-            _stream_copy(scratch, y[q])
+            yq, wq, bq = y[q], w2[g], b2[g]
+            c = scratch.shape[0]
+            for j0 in range(0, L, c):
+                j1 = min(L, j0 + c)
+                _normalize_row(xb[j0:j1], scratch[: j1 - j0], wq[j0:j1], bq[j0:j1], has_b, mu, r)
+                _stream_copy(scratch[: j1 - j0], yq[j0:j1])
         else:
             _normalize_row(xb, y[q], w2[g], b2[g], has_b, mu, r)
         g = g + 1 if g + 1 < G else 0
@@ -722,7 +746,7 @@ def _forward_groups(
     mask2 = _borrowed(mask2)
     N, G, L = x3.shape
     pairs = not reduce_batch and not has_mask and not stats_given
-    by_runs = _streams_by_runs(K, S, scratch.itemsize)
+    by_runs = _streams_by_runs(S, scratch.itemsize)
     q = first
     while q < last:
         paired = pairs and q + 1 < last
@@ -745,12 +769,14 @@ def _forward_groups(
             r = 1.0 / math.sqrt(var2[n0, g] + eps)
             for n in range(n0, n1):
                 if stream and by_runs:
-                    xs, ys, run = x3[n, g], y3[n, g], scratch[:S]
+                    xs, ys, mrow, c = x3[n, g], y3[n, g], mask2[n], scratch.shape[0]
                     for k in range(K):
-                        ks = slice(k * S, (k + 1) * S)
                         wk, bk = w2[g, k : k + 1], b2[g, k : k + 1]
-                        _normalize_block(xs[ks], run, wk, bk, has_b, mask2[n], has_mask, mu, r, 1, S)
-                        _stream_copy(run, ys[ks])
+                        for j0 in range(0, S, c):
+                            j1 = min(S, j0 + c)
+                            lo, hi, part = k * S + j0, k * S + j1, scratch[: j1 - j0]
+                            _normalize_block(xs[lo:hi], part, wk, bk, has_b, mrow[j0:j1], has_mask, mu, r, 1, j1 - j0)
+                            _stream_copy(part, ys[lo:hi])
                 elif stream:
                     _normalize_block(x3[n, g], scratch, w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
                     _stream_copy(scratch, y3[n, g])
@@ -808,7 +834,7 @@ def _backward_groups(
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     mask2 = _borrowed(mask2)
     N = x3.shape[0]
-    by_runs = _streams_by_runs(K, S, scratch.itemsize)
+    by_runs = _streams_by_runs(S, scratch.itemsize)
     for j in range(1 if reduce_batch else n_last - n_first):
         n0 = 0 if reduce_batch else n_first + j
         n1 = N if reduce_batch else n0 + 1
@@ -825,11 +851,14 @@ def _backward_groups(
             _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, True)
         for n in range(n0, n1):
             if stream and by_runs:
-                dys, xs, dxs, run = dy3[n, g], x3[n, g], dx3[n, g], scratch[:S]
+                dys, xs, dxs, mrow, c = dy3[n, g], x3[n, g], dx3[n, g], mask2[n], scratch.shape[0]
                 for k in range(K):
-                    ks = slice(k * S, (k + 1) * S)
-                    _dx_block(dys[ks], xs[ks], run, wg[k : k + 1], mask2[n], has_mask, mu, r, proj, mdx, fixed, 1, S)
-                    _stream_copy(run, dxs[ks])
+                    for j0 in range(0, S, c):
+                        j1 = min(S, j0 + c)
+                        lo, hi, part = k * S + j0, k * S + j1, scratch[: j1 - j0]
+                        wk, mk = wg[k : k + 1], mrow[j0:j1]
+                        _dx_block(dys[lo:hi], xs[lo:hi], part, wk, mk, has_mask, mu, r, proj, mdx, fixed, 1, j1 - j0)
+                        _stream_copy(part, dxs[lo:hi])
             elif stream:
                 _dx_block(dy3[n, g], x3[n, g], scratch, wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S)
                 _stream_copy(scratch, dx3[n, g])
@@ -855,7 +884,7 @@ def _forward_kernel(
     for i in prange(items):
         first = i * per_item
         last = min(groups, first + per_item)
-        scratch = np.empty(L if stream else 0, dtype=y3.dtype)
+        scratch = np.empty(_scratch_len(L, S, rows, y3.itemsize) if stream else 0, dtype=y3.dtype)
         if rows:
             _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last, scratch, stream)
         else:
@@ -884,7 +913,7 @@ def _backward_kernel(
         pb[:] = 0.0
         n_first = c * per_chunk
         n_last = min(N, n_first + per_chunk)
-        scratch = np.empty(L if stream else 0, dtype=dx3.dtype)
+        scratch = np.empty(_scratch_len(L, S, rows, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
         if rows:
             _backward_rows(
                 dy3, x3, mean2, rstd2, w2[g], use_mean, fixed, dx3, affine, pw, pb, g, n_first, n_last, scratch, stream
