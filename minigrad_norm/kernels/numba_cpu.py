@@ -74,7 +74,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
 * Outputs of ``STREAMING_STORE_MIN_BYTES`` or more (``out=`` or the pool's: a quarter of the L3, at
   most 24 MiB), in blocks of at least 2 KiB (or, in the
   backward, of whole cache lines), are written with streaming (non-temporal) stores: each block
-  is computed into a scratch row in L1, then copied out by ``_stream_copy`` without the
+  (a long row or run in pieces of 4 KiB, ``_scratch_len``) is computed into a scratch row in L1,
+  then copied out by ``_stream_copy`` without the
   read-for-ownership an ordinary store makes. The values are the same bits either way (tested, at every alignment of
   ``out``). Measured with ``benchmarks/compare_kernels.py`` on 2 threads, against ordinary
   stores, into ``out=`` buffers 16 bytes past a cache line (``np.empty``'s):
