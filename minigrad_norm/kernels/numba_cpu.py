@@ -581,6 +581,15 @@ def _streams_by_runs(S, itemsize):
 
 
 @numba.njit(cache=True, inline="always")
+def _stream_pieces(K, S, scratch):
+    """(runs, values of a run) in each piece a streamed block is computed and streamed in: (1, up to the
+    scratch row's length) by runs (``_streams_by_runs``), else (K, S), the whole block."""
+    if _streams_by_runs(S, scratch.itemsize):
+        return 1, max(1, scratch.shape[0])
+    return K, S
+
+
+@numba.njit(cache=True, inline="always")
 def _scratch_len(L, S, rows, itemsize):
     """Values in the scratch row a streamed block goes through: a LayerNorm row (``rows``) or a run of a
     block (``_streams_by_runs``) in pieces of STREAM_CHUNK_BYTES, else a whole block of L values.
@@ -747,7 +756,7 @@ def _forward_groups(
     mask2 = _borrowed(mask2)
     N, G, L = x3.shape
     pairs = not reduce_batch and not has_mask and not stats_given
-    by_runs = _streams_by_runs(S, scratch.itemsize)
+    kp, sp = _stream_pieces(K, S, scratch)
     q = first
     while q < last:
         paired = pairs and q + 1 < last
@@ -769,18 +778,16 @@ def _forward_groups(
             mu = mean2[n0, g]
             r = 1.0 / math.sqrt(var2[n0, g] + eps)
             for n in range(n0, n1):
-                if stream and by_runs:
-                    xs, ys, mrow, c = x3[n, g], y3[n, g], mask2[n], scratch.shape[0]
-                    for k in range(K):
-                        wk, bk = w2[g, k : k + 1], b2[g, k : k + 1]
-                        for j0 in range(0, S, c):
-                            j1 = min(S, j0 + c)
-                            lo, hi, part = k * S + j0, k * S + j1, scratch[: j1 - j0]
-                            _normalize_block(xs[lo:hi], part, wk, bk, has_b, mrow[j0:j1], has_mask, mu, r, 1, j1 - j0)
+                if stream:  # piece by piece (one call site: each inlined copy of the loops costs compile time)
+                    xs, ys, mrow = x3[n, g], y3[n, g], mask2[n]
+                    for k in range(0, K, kp):
+                        wk, bk = w2[g, k : k + kp], b2[g, k : k + kp]
+                        for j0 in range(0, S, sp):
+                            j1 = min(S, j0 + sp)
+                            lo, part = k * S + j0, scratch[: kp * (j1 - j0)]
+                            hi = lo + part.shape[0]
+                            _normalize_block(xs[lo:hi], part, wk, bk, has_b, mrow[j0:j1], has_mask, mu, r, kp, j1 - j0)
                             _stream_copy(part, ys[lo:hi])
-                elif stream:
-                    _normalize_block(x3[n, g], scratch, w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
-                    _stream_copy(scratch, y3[n, g])
                 else:
                     _normalize_block(x3[n, g], y3[n, g], w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
         q += 2 if paired else 1
@@ -802,15 +809,14 @@ def _backward_rows(
     while n < n_last:
         mu = mean2[n, g] if use_mean else 0.0
         r = rstd2[n, g]
-        if pairs and n + 1 < n_last:
-            mu1 = mean2[n + 1, g] if use_mean else 0.0
-            r1 = rstd2[n + 1, g]
+        # the second row of a pair (count 2) ends in the same _dx_row_to call as the first: one call site,
+        # as each inlined copy of its loops costs compile time
+        count = 2 if pairs and n + 1 < n_last else 1
+        mu1 = mean2[n + 1, g] if count == 2 and use_mean else 0.0
+        r1 = rstd2[n + 1, g] if count == 2 else 0.0
+        A1 = B1 = 0.0
+        if count == 2:
             A, B, A1, B1 = _row_pair_sums(dy3[n, g], x3[n, g], mu, r, dy3[n + 1, g], x3[n + 1, g], mu1, r1, wg, pw, pb)
-            _dx_row_to(
-                dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, A / L if use_mean else 0.0, False
-            )
-            n += 1  # row n is done; row n + 1 ends below, as a single row would
-            mu, r, A, B = mu1, r1, A1, B1
         elif not fixed:
             A, B = (
                 _row_sums(dy3[n, g], x3[n, g], wg, mu, r, pw, pb)
@@ -821,8 +827,12 @@ def _backward_rows(
             A = B = 0.0
             if affine:  # only the dweight/dbias sums
                 _row_sums(dy3[n, g], x3[n, g], wg, mu, r, pw, pb)
-        _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, A / L if use_mean else 0.0, fixed)
-        n += 1
+        for m in range(n, n + count):
+            if m > n:
+                mu, r, A, B = mu1, r1, A1, B1
+            mdx = A / L if use_mean else 0.0
+            _dx_row_to(dy3[m, g], x3[m, g], dx3[m, g], scratch, stream, wg, mu, r, B / L, mdx, fixed)
+        n += count
 
 
 @_item
@@ -835,7 +845,7 @@ def _backward_groups(
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     mask2 = _borrowed(mask2)
     N = x3.shape[0]
-    by_runs = _streams_by_runs(S, scratch.itemsize)
+    kp, sp = _stream_pieces(K, S, scratch)
     for j in range(1 if reduce_batch else n_last - n_first):
         n0 = 0 if reduce_batch else n_first + j
         n1 = N if reduce_batch else n0 + 1
@@ -851,18 +861,16 @@ def _backward_groups(
         elif affine:  # only the dweight/dbias sums
             _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, True)
         for n in range(n0, n1):
-            if stream and by_runs:
-                dys, xs, dxs, mrow, c = dy3[n, g], x3[n, g], dx3[n, g], mask2[n], scratch.shape[0]
-                for k in range(K):
-                    for j0 in range(0, S, c):
-                        j1 = min(S, j0 + c)
-                        lo, hi, part = k * S + j0, k * S + j1, scratch[: j1 - j0]
-                        wk, mk = wg[k : k + 1], mrow[j0:j1]
-                        _dx_block(dys[lo:hi], xs[lo:hi], part, wk, mk, has_mask, mu, r, proj, mdx, fixed, 1, j1 - j0)
+            if stream:  # piece by piece, as in _forward_groups
+                dys, xs, dxs, mrow = dy3[n, g], x3[n, g], dx3[n, g], mask2[n]
+                for k in range(0, K, kp):
+                    for j0 in range(0, S, sp):
+                        j1 = min(S, j0 + sp)
+                        lo, part = k * S + j0, scratch[: kp * (j1 - j0)]
+                        hi = lo + part.shape[0]
+                        wk, mk = wg[k : k + kp], mrow[j0:j1]
+                        _dx_block(dys[lo:hi], xs[lo:hi], part, wk, mk, has_mask, mu, r, proj, mdx, fixed, kp, j1 - j0)
                         _stream_copy(part, dxs[lo:hi])
-            elif stream:
-                _dx_block(dy3[n, g], x3[n, g], scratch, wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S)
-                _stream_copy(scratch, dx3[n, g])
             else:
                 _dx_block(dy3[n, g], x3[n, g], dx3[n, g], wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S)
 
