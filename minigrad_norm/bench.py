@@ -180,8 +180,8 @@ def _stream_kernels() -> tuple[Callable, Callable, Callable, Callable]:
     read-for-ownership of each destination line, so the copy moves 2 bytes over the memory bus for
     each 2 it counts, where an ordinary store moves 3 (copy) or 4 for 3 (triad). On the 2-core Intel VM
     with 1 GiB arrays, memcpy ran at 49.6 GB/s, the ordinary copy at 28.0 and the triad at 31.7: a
-    kernel writing its output with ordinary stores was being held to a rate it cannot reach. (On
-    the AMD Zen 4 VM memcpy is the slowest of the three: 29, 35 and 34 GB/s.) (The
+    kernel writing its output with ordinary stores was being held to a rate it cannot reach. On
+    the AMD Zen 4 VM memcpy is the slowest of the three: 29, 35 and 34 GB/s. (The
     kernels stream large outputs, ``numba_cpu.STREAMING_STORE_MIN_BYTES`` or more, and can then beat
     the ordinary copy.)
     ``+ 0.0`` keeps the loop (x + 0.0 is not x for x = -0.0, so LLVM cannot drop the add)."""

@@ -585,7 +585,7 @@ def _stream_pieces(K, S, scratch):
     """(runs, values of a run) in each piece a streamed block is computed and streamed in: (1, up to the
     scratch row's length) by runs (``_streams_by_runs``), else (K, S), the whole block."""
     if _streams_by_runs(S, scratch.itemsize):
-        return 1, max(1, scratch.shape[0])
+        return 1, max(1, scratch.shape[0])  # (the scratch row is empty when nothing is streamed)
     return K, S
 
 
