@@ -343,7 +343,7 @@ class Row:
     direction: str
     bytes: int
     ms: dict[str, float]  # implementation -> median milliseconds
-    stream: dict[str, float]  # STREAM copy and triad GB/s (all threads), timed interleaved with this row
+    stream: dict[str, float]  # STREAM copy and triad GB/s (all threads): the higher of before and after this row
     cold: bool = True  # each call timed from empty caches (else hot, in a loop)
 
     def gbps(self, impl: str) -> float | None:
@@ -466,9 +466,9 @@ def time_case(
 ) -> Row:
     """One row: STREAM copy and triad on all threads just before (the bandwidth of the same moment: the
     machine is shared), then every implementation but NumPy interleaved round by round, then the NumPy
-    reference on its own (it is slow). ``cold``: each timed call starts from empty caches
-    (``Stream.evict``), so that x and dy come from DRAM, as the bandwidth fractions assume; else each
-    runs hot, as in a loop that repeats it on the same arrays."""
+    reference on its own (it is slow), then STREAM again; the row keeps the higher of the two. ``cold``:
+    each timed call starts from empty caches (``Stream.evict``), so that x and dy come from DRAM, as the
+    bandwidth fractions assume; else each runs hot, as in a loop that repeats it on the same arrays."""
     from minigrad_norm.kernels import numba_cpu
 
     reps, budget = (3, 0.05) if quick else (7, 1.5)
@@ -482,12 +482,16 @@ def time_case(
     if torch is not None:
         plan["torch 1t"] = (1, torch_runner(torch, p, direction))
         plan["torch"] = (all_threads, torch_runner(torch, p, direction))
-    bandwidth = {k.split()[0]: v for k, v in stream.measure([all_threads], 0.05).items()}
+    before = stream.measure([all_threads], 0.05)
     plan = {k: v for k, v in plan.items() if k in impls}
     evict = stream.evict if cold else None
     ms = {impl: 1e3 * t for impl, t in interleaved_medians(plan, torch, reps, budget, WARMUP_CALLS, evict).items()}
     if "numpy" in impls:
         ms["numpy"] = 1e3 * median_time(kernel_runner(reference, p, direction, False), reps, budget, evict)
+    # the higher of STREAM just before and just after the row: a neighbour's burst of load during one of
+    # them cannot make the row's fraction of the bandwidth look higher than it is
+    after = stream.measure([all_threads], 0.05)
+    bandwidth = {k.split()[0]: max(before[k], after[k]) for k in before}
     nbytes = BYTES_PER_X[direction] * p.x.nbytes
     return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold)
 
@@ -699,7 +703,8 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "(from the buffer pool, minigrad_norm.kernels.buffers), 'out=' = preallocated (64-byte aligned); "
         "torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
         "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|); '% copy'/'% triad' compare it with STREAM copy/triad on all "
-        "threads, timed just before that row ('copy GB/s'); the other implementations are timed round-robin, "
+        "threads, timed just before and just after that row, the higher of the two ('copy GB/s'); "
+        "the other implementations are timed round-robin, "
         f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own; "
         "'% copy x' compares it with 'copy x', a plain copy of x (the bytes of a forward) timed in the same "
         "rounds; "

@@ -183,6 +183,18 @@ def test_bench_runs_end_to_end(tmp_path):
     json.dumps(report.to_json())
 
 
+def test_bench_row_keeps_the_higher_stream_rate_of_before_and_after(monkeypatch):
+    """STREAM runs just before and just after a row, and the row keeps the higher rate of each kernel:
+    a burst of load during one measurement must not make the kernels' fraction look higher."""
+    stream = bench.Stream(quick=True)
+    readings = iter([{"copy 1t": 10.0, "triad 1t": 30.0}, {"copy 1t": 20.0, "triad 1t": 15.0}])
+    monkeypatch.setattr(stream, "measure", lambda *args, **kwargs: next(readings))
+    p = bench.Problem.make(bench.layer_norm_case(8, 16), np.dtype(np.float64))
+    row = bench.time_case(p, "fwd", None, stream, 1, quick=True, impls=("numba out=",), cold=False)
+    assert row.stream == {"copy": 20.0, "triad": 30.0}
+    assert next(readings, None) is None  # measured twice, no more
+
+
 def test_bench_says_what_2x_pytorch_would_take_where_it_is_missed():
     """For each DRAM-sized fwd+bwd row below 2x PyTorch, the summary gives twice PyTorch's own rate in
     % of the triad timed with that row (above 100%: more than the kernels' ordinary stores can move) and of
