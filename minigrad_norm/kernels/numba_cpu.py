@@ -12,6 +12,8 @@ forward, for each group (a block, or the N blocks of a channel):
 backward, for each group:
     pass 1  A = sum(dy * w),  B = sum(dy * w * xhat)   (and, per (g, k), sum(dy), sum(dy * xhat))
     pass 2  dx = ((dxhat - xhat * B/m) - A/m) * rstd
+(a row of its own statistics, LayerNorm's and RMSNorm's, adds its dweight/dbias terms dy * xhat and
+dy per value in pass 2 instead, from L1: see ``_dx_row_affine``)
 Passes 2 and 3 re-read a group that has just been read, from L1/L2 (a LayerNorm row,
 an InstanceNorm/GroupNorm block, a BatchNorm channel of N*S values), so DRAM sees x
 (and dy) read once and y (dx) written once: the minimal traffic.
@@ -418,49 +420,10 @@ def _masked_sum_sq_dev(v, m, mu):
 
 
 @_helper
-def _row_sums(dy, x, w, mu, r, pdw, pdb):
-    """A LayerNorm row (S == 1, no mask): returns sum(dxhat) and sum(dxhat * xhat), dxhat = dy * w,
-    and adds dy * xhat and dy into the dweight/dbias partial rows pdw, pdb (one pass over the row)."""
-    a = 0.0
-    b = 0.0
-    for i in range(dy.shape[0]):
-        xh = (x[i] - mu) * r
-        dxh = np.float64(dy[i]) * w[i]
-        a += dxh
-        b += dxh * xh
-        pdw[i] += dy[i] * xh
-        pdb[i] += dy[i]
-    return a, b
-
-
-@_helper
-def _row_pair_sums(dy0, x0, mu0, r0, dy1, x1, mu1, r1, w, pdw, pdb):
-    """``_row_sums`` of two rows in one pass: their dweight/dbias terms go into pdw, pdb together, so the
-    partial rows are read and written once for both."""
-    a0 = 0.0
-    b0 = 0.0
-    a1 = 0.0
-    b1 = 0.0
-    for i in range(dy0.shape[0]):
-        d0 = np.float64(dy0[i])
-        d1 = np.float64(dy1[i])
-        xh0 = (x0[i] - mu0) * r0
-        xh1 = (x1[i] - mu1) * r1
-        dxh0 = d0 * w[i]
-        dxh1 = d1 * w[i]
-        a0 += dxh0
-        b0 += dxh0 * xh0
-        a1 += dxh1
-        b1 += dxh1 * xh1
-        pdw[i] += d0 * xh0 + d1 * xh1
-        pdb[i] += d0 + d1
-    return a0, b0, a1, b1
-
-
-@_helper
 def _row_dx_sums(dy, x, w, mu, r):
-    """``_row_sums`` for a weight that gets no gradient (LayerNorm without affine, a frozen weight):
-    the same two sums without the partial rows' read-modify-write (the backward is 7-35 % faster without them)."""
+    """The sums pass of a row's backward (S == 1, no mask; LayerNorm, RMSNorm): sum(dxhat) and
+    sum(dxhat * xhat), dxhat = dy * w. The row's dweight/dbias terms are added in its dx pass
+    (``_dx_row_affine``), so this pass, which reads the row from DRAM, does little else."""
     a = 0.0
     b = 0.0
     for i in range(dy.shape[0]):
@@ -647,16 +610,48 @@ def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
-def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed):
-    """``_dx_row`` into dxb, streamed through ``scratch`` with ``stream``."""
-    if stream:
-        c = scratch.shape[0]
-        for j0 in range(0, xb.shape[0], c):
-            j1 = min(xb.shape[0], j0 + c)
-            _dx_row(dyb[j0:j1], xb[j0:j1], scratch[: j1 - j0], w[j0:j1], mu, r, proj, mdx, fixed)
-            _stream_copy(scratch[: j1 - j0], dxb[j0:j1])
+def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, pdw, pdb):
+    """``_dx_row``, adding in the same loop the row's dweight and dbias terms, dy * xhat and dy in float64
+    (xhat = (x - mean) * rstd, as the reference), into the partial rows pdw, pdb.
+
+    Here, in the pass that re-reads the row from L1, rather than in the pass that reads it from DRAM
+    (``_row_dx_sums``): that pass then has the little work per value that keeps the memory busy, and the
+    float64 arithmetic of these terms runs on data in cache. ``benchmarks/compare_kernels.py --cold`` (2
+    threads, the AMD VM, two runs) took the LayerNorm backward, against the terms added in the sums pass
+    (float32 rows in pairs), float32 rows of 768, 1024 and 4096 values 0.86-0.91, 0.85-0.92 and 1.03-1.04
+    of the time, float64 0.93, 0.93 and 0.86-0.87; rows of 128 values 1.05-1.09. (The terms in a loop of
+    their own after the dx loop, both on the piece in L1: float32 1.07-1.11 on rows of 768-4096 values.)"""
+    mh, ml = _split(xb, mu)
+    rx = _in_dtype_of(xb, r)
+    proj = _in_dtype_of(xb, proj)
+    mdx = _in_dtype_of(xb, mdx)
+    if fixed:
+        for i in range(xb.shape[0]):
+            dxb[i] = dyb[i] * w[i] * rx
+            d = np.float64(dyb[i])
+            pdw[i] += d * ((xb[i] - mu) * r)
+            pdb[i] += d
     else:
-        _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed)
+        for i in range(xb.shape[0]):
+            dxb[i] = ((dyb[i] * w[i] - ((xb[i] - mh) - ml) * rx * proj) - mdx) * rx
+            d = np.float64(dyb[i])
+            pdw[i] += d * ((xb[i] - mu) * r)
+            pdb[i] += d
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine, pdw, pdb):
+    """``_dx_row`` (with ``affine``, ``_dx_row_affine``) into dxb, streamed through ``scratch`` with ``stream``."""
+    c = scratch.shape[0] if stream else xb.shape[0]
+    for j0 in range(0, xb.shape[0], c):
+        j1 = min(xb.shape[0], j0 + c)
+        out = scratch[: j1 - j0] if stream else dxb[j0:j1]
+        if affine:
+            _dx_row_affine(dyb[j0:j1], xb[j0:j1], out, w[j0:j1], mu, r, proj, mdx, fixed, pdw[j0:j1], pdb[j0:j1])
+        else:
+            _dx_row(dyb[j0:j1], xb[j0:j1], out, w[j0:j1], mu, r, proj, mdx, fixed)
+        if stream:
+            _stream_copy(out, dxb[j0:j1])
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
@@ -803,39 +798,14 @@ def _backward_rows(
     """Backward of the rows (n, g), n = n_first..n_last-1, each with its own statistics; dweight and
     dbias terms into the partial rows pw, pb."""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
+    pw, pb = _borrowed(pw), _borrowed(pb)
     L = x3.shape[2]
-    # float32 rows in pairs: the partial rows pw, pb are then read and written once for two rows, which took
-    # the float32 backward 0.86-0.94 of the time (compare_kernels.py, LayerNorm 8192x1024, 4096x768,
-    # 65536x128); for float64 rows it took 1.19-1.29 (not understood), so those go one by one
-    pairs = affine and not fixed and x3.itemsize == 4
-    n = n_first
-    while n < n_last:
+    for n in range(n_first, n_last):
         mu = mean2[n, g] if use_mean else 0.0
         r = rstd2[n, g]
-        # the second row of a pair (count 2) ends in the same _dx_row_to call as the first: one call site,
-        # as each inlined copy of its loops costs compile time
-        count = 2 if pairs and n + 1 < n_last else 1
-        mu1 = mean2[n + 1, g] if count == 2 and use_mean else 0.0
-        r1 = rstd2[n + 1, g] if count == 2 else 0.0
-        A1 = B1 = 0.0
-        if count == 2:
-            A, B, A1, B1 = _row_pair_sums(dy3[n, g], x3[n, g], mu, r, dy3[n + 1, g], x3[n + 1, g], mu1, r1, wg, pw, pb)
-        elif not fixed:
-            A, B = (
-                _row_sums(dy3[n, g], x3[n, g], wg, mu, r, pw, pb)
-                if affine
-                else _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
-            )
-        else:
-            A = B = 0.0
-            if affine:  # only the dweight/dbias sums
-                _row_sums(dy3[n, g], x3[n, g], wg, mu, r, pw, pb)
-        for m in range(n, n + count):
-            if m > n:
-                mu, r, A, B = mu1, r1, A1, B1
-            mdx = A / L if use_mean else 0.0
-            _dx_row_to(dy3[m, g], x3[m, g], dx3[m, g], scratch, stream, wg, mu, r, B / L, mdx, fixed)
-        n += count
+        A, B = (0.0, 0.0) if fixed else _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
+        mdx = A / L if use_mean else 0.0
+        _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, affine, pw, pb)
 
 
 @_item
