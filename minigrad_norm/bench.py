@@ -56,7 +56,7 @@ import numpy as np
 
 from minigrad_norm.kernels import reference
 from minigrad_norm.kernels.buffers import aligned_empty
-from minigrad_norm.kernels.machine import l3_bytes
+from minigrad_norm.kernels.machine import cache_sizes, cpu_identity, l3_bytes
 
 EPS = 1e-5
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
@@ -356,19 +356,18 @@ class Row:
 
 
 def machine_description() -> dict[str, Any]:
+    import llvmlite.binding
     import numba
 
     from minigrad_norm.kernels import numba_cpu
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     info = {
-        "cpu": cpu,
+        "cpu": platform.processor() or platform.machine(),
+        **cpu_identity(),
+        # the CPU LLVM compiles the kernels for: it picks their vector width and instructions
+        "llvm_cpu": llvmlite.binding.get_host_cpu_name(),
         "cores": os.cpu_count(),
+        "caches": cache_sizes(),
         "l3_bytes": l3_bytes(),
         "streaming_store_min_bytes": numba_cpu.STREAMING_STORE_MIN_BYTES,
         "numba_threads": numba.config.NUMBA_NUM_THREADS,

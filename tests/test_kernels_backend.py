@@ -297,6 +297,33 @@ def test_l3_size_is_read_from_sysfs_else_the_default(tmp_path, text, expected):
     assert machine.l3_bytes(tmp_path / "missing") == machine.DEFAULT_L3_BYTES
 
 
+def test_cache_sizes_are_read_from_sysfs(tmp_path):
+    for name, level, kind, size in [("index0", 1, "Data", "48K"), ("index1", 1, "Instruction", "32K"),
+                                    ("index2", 2, "Unified", "1024K"), ("index3", 3, "Unified", "32768K")]:  # fmt: skip
+        (tmp_path / name).mkdir()
+        for field, value in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / field).write_text(f"{value}\n")
+    (tmp_path / "index4").mkdir()  # a listing without its files is passed over
+    assert machine.cache_sizes(tmp_path) == "L1d 48K, L1i 32K, L2 1024K, L3 32768K"
+    assert machine.cache_sizes(tmp_path / "missing") == ""
+
+
+def test_cpu_identity_is_the_first_cpus_block_of_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    first = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+    cpuinfo.write_text(first + "\n" + first.replace("26", "25").replace("EPYC", "Other") + "\n")
+    assert machine.cpu_identity(cpuinfo) == {"cpu_family": "26", "cpu_model": "2", "cpu": "AMD EPYC"}
+    assert machine.cpu_identity(tmp_path / "missing") == {}
+
+
+def test_the_report_names_the_cpu_llvm_compiles_for():
+    import llvmlite.binding
+
+    described = bench.machine_description()
+    assert described["llvm_cpu"] == llvmlite.binding.get_host_cpu_name()
+    assert described["caches"] == machine.cache_sizes()
+
+
 @pytest.mark.parametrize("l3_mib", [8, 64])
 def test_bench_eviction_reads_twice_the_l3(monkeypatch, l3_mib):
     monkeypatch.setattr(bench, "l3_bytes", lambda: l3_mib * 2**20)

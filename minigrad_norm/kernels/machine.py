@@ -1,10 +1,13 @@
-"""What the kernels' policies and the benchmark need to know of the machine: the size of its L3."""
+"""What the kernels' policies and the benchmark need to know of the machine: the size of its L3, and,
+for the benchmark's report, which CPU and caches the numbers come from."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-L3_SIZE_FILE = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+L3_SIZE_FILE = CACHE_DIR / "index3" / "size"
+CPUINFO = Path("/proc/cpuinfo")
 # When the size cannot be read (not Linux, no L3 listed): the L3 of one core complex of a current server.
 DEFAULT_L3_BYTES = 32 * 2**20
 
@@ -18,3 +21,37 @@ def l3_bytes(size_file: Path = L3_SIZE_FILE) -> int:
         return int(text[:-1]) * {"K": 2**10, "M": 2**20}[text[-1]]
     except (OSError, ValueError, KeyError, IndexError):
         return DEFAULT_L3_BYTES
+
+
+def cache_sizes(cache_dir: Path = CACHE_DIR) -> str:
+    """CPU 0's caches as sysfs lists them, "L1d 48K, L1i 32K, L2 1024K, L3 32768K", or "" where it lists none."""
+    found = []
+    for index in sorted(cache_dir.glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
+        found.append(f"L{level}{suffix} {size}")
+    return ", ".join(found)
+
+
+def cpu_identity(cpuinfo: Path = CPUINFO) -> dict[str, str]:
+    """The first CPU's "model name", "cpu family" and "model" from /proc/cpuinfo (those it has).
+
+    A VM's model name can be as vague as "AMD EPYC"; the family and model tell its generation (AMD
+    family 25 is Zen 3 and Zen 4, 26 is Zen 5), which decides how wide its vectors are and how its
+    prefetchers behave."""
+    wanted = {"model name": "cpu", "cpu family": "cpu_family", "model": "cpu_model"}
+    found: dict[str, str] = {}
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        if not line.strip():
+            break  # the end of the first CPU's block
+        key, _, value = line.partition(":")
+        if key.strip() in wanted:
+            found[wanted[key.strip()]] = value.strip()
+    return found
