@@ -6,13 +6,14 @@
 Loads ``minigrad_norm/kernels/numba_cpu.py`` as it was at git revision REV into a
 module of its own (compiled into its own cache), then times forward, backward and
 backward without affine gradients of both versions on each (N, G, K, S) view, with
-preallocated outputs. The two alternate call by call, and the order flips every
-round (ABBA), so that neither always runs in the cache state the other leaves
-behind: two copies of the same code measured this way agree within 2 %, while a
-fixed order showed 7-9 % between them. Reports the medians and new/old. ``--cold`` empties the
-caches before each timed call (``bench.Stream.evict``), as the benchmark times the listed shapes:
-without it the arrays of these shapes can stay in a large L3 from call to call, and a change
-that helps only when x comes from DRAM (a prefetch) shows nothing.
+preallocated outputs, both on the very same arrays (see ``problem``). The two
+alternate call by call, and the order flips every round (ABBA), so that neither
+always runs in the cache state the other leaves behind: two copies of the same
+code measured this way agree within 2 %, while a fixed order showed 7-9 % between
+them. Reports the medians and new/old. ``--cold`` empties the caches before each
+timed call (``bench.Stream.evict``), as the benchmark times the listed shapes:
+without it the arrays of these shapes can stay in a large L3 from call to call, and
+a change that helps only when x comes from DRAM (a prefetch) shows nothing.
 A view whose name ends in "bn" (32x64x1x3136bn) reduces over the batch (BatchNorm).
 """
 
@@ -51,7 +52,11 @@ def load_revision(rev: str, into: Path):
     return module
 
 
-def runners(mod, view: str, dtype: np.dtype) -> dict:
+def problem(view: str, dtype: np.dtype) -> dict:
+    """The arrays of one view, made once and handed to every version: its own arrays would put each
+    version on other physical pages, whose placement in the caches and DRAM banks is a difference between
+    the versions that no interleaving evens out (a version timed on its own arrays took 0.69 of the
+    other's time in one run and 1.33 in the next, same code)."""
     reduce_batch = view.endswith("bn")
     shape = tuple(int(v) for v in view.removesuffix("bn").split("x"))
     rng = np.random.default_rng(0)
@@ -59,10 +64,14 @@ def runners(mod, view: str, dtype: np.dtype) -> dict:
     w, b = (rng.standard_normal(shape[1:3]).astype(dtype) for _ in range(2))
     y, dx = aligned_empty(shape, dtype), aligned_empty(shape, dtype)  # as the benchmark preallocates them
     _, mean, var = numba_cpu.norm_forward(x, w, b, EPS, reduce_batch=reduce_batch)
-    rstd = 1 / np.sqrt(var + EPS)
-    opts = dict(reduce_batch=reduce_batch, out=dx)
+    return dict(x=x, dy=dy, w=w, b=b, y=y, dx=dx, mean=mean, rstd=1 / np.sqrt(var + EPS), reduce_batch=reduce_batch)
+
+
+def runners(mod, p: dict) -> dict:
+    x, dy, w, mean, rstd = p["x"], p["dy"], p["w"], p["mean"], p["rstd"]
+    opts = dict(reduce_batch=p["reduce_batch"], out=p["dx"])
     return {
-        "fwd": lambda: mod.norm_forward(x, w, b, EPS, out=y, reduce_batch=reduce_batch),
+        "fwd": lambda: mod.norm_forward(x, w, p["b"], EPS, out=p["y"], reduce_batch=p["reduce_batch"]),
         "bwd": lambda: mod.norm_backward(dy, x, mean, rstd, w, **opts),
         "bwd, no affine grads": lambda: mod.norm_backward(dy, x, mean, rstd, w, need_affine_grads=False, **opts),
     }
@@ -102,7 +111,8 @@ def main() -> None:
         print(f"{state} caches")
         print(f"{'view':>16} {'direction':>22} {'old ms':>9} {'new ms':>9} {'new/old':>8}")
         for view in args.views:
-            old, new = runners(old_mod, view, np.dtype(args.dtype)), runners(numba_cpu, view, np.dtype(args.dtype))
+            arrays = problem(view, np.dtype(args.dtype))
+            old, new = runners(old_mod, arrays), runners(numba_cpu, arrays)
             for direction in old:
                 t_old, t_new = abba(old[direction], new[direction], args.rounds, before)
                 print(f"{view:>16} {direction:>22} {t_old:>9.3f} {t_new:>9.3f} {t_new / t_old:>8.2f}")
