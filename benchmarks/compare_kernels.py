@@ -8,9 +8,15 @@ module of its own (compiled into its own cache), then times forward, backward an
 backward without affine gradients of both versions on each (N, G, K, S) view, with
 preallocated outputs, both on the very same arrays (see ``problem``). The two
 alternate call by call, and the order flips every round (ABBA), so that neither
-always runs in the cache state the other leaves behind: two copies of the same
-code measured this way agree within 2 %, while a fixed order showed 7-9 % between
-them. Reports the medians and new/old. ``--cold`` empties the caches before each
+always runs in the cache state the other leaves behind (a fixed order showed 7-9 %
+between two copies of the same code). Reports the medians and new/old.
+
+Run it against HEAD with the tree unchanged first: that is how far apart two copies
+of the same code read, the floor under which a change shows nothing. On the Intel VM
+that was 2 %. On the AMD VM (CPU family 26, 2 threads, cold) it was 0.87-1.08 for
+most views and directions, but the backward of 65536x1x128x1 read 1.19-1.34 and its
+backward without affine gradients 0.86-0.90, in four runs out of four (why is not
+known; where each compiled copy's loops lie in memory is one candidate). ``--cold`` empties the caches before each
 timed call (``bench.Stream.evict``), as the benchmark times the listed shapes:
 without it the arrays of these shapes can stay in a large L3 from call to call, and
 a change that helps only when x comes from DRAM (a prefetch) shows nothing.
@@ -53,10 +59,8 @@ def load_revision(rev: str, into: Path):
 
 
 def problem(view: str, dtype: np.dtype) -> dict:
-    """The arrays of one view, made once and handed to every version: its own arrays would put each
-    version on other physical pages, whose placement in the caches and DRAM banks is a difference between
-    the versions that no interleaving evens out (a version timed on its own arrays took 0.69 of the
-    other's time in one run and 1.33 in the next, same code)."""
+    """The arrays of one view, made once and handed to both versions, so that the comparison is not also
+    one of two sets of physical pages (their places in the caches and DRAM banks)."""
     reduce_batch = view.endswith("bn")
     shape = tuple(int(v) for v in view.removesuffix("bn").split("x"))
     rng = np.random.default_rng(0)
