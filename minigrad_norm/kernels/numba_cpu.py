@@ -619,7 +619,8 @@ def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, pdw, pdb):
     float64 arithmetic of these terms runs on data in cache. ``benchmarks/compare_kernels.py --cold`` (2
     threads, the AMD VM, two runs) took the LayerNorm backward, against the terms added in the sums pass
     (float32 rows in pairs), float32 rows of 768, 1024 and 4096 values 0.86-0.91, 0.85-0.92 and 1.03-1.04
-    of the time, float64 0.93, 0.93 and 0.86-0.87; rows of 128 values 1.05-1.09. (The terms in a loop of
+    of the time, float64 0.93, 0.93 and 0.86-0.87; rows of 128 values 1.05-1.09, inside what two copies
+    of the same code read there (up to 1.34: see ``benchmarks/compare_kernels.py``). (The terms in a loop of
     their own after the dx loop, both on the piece in L1: float32 1.07-1.11 on rows of 768-4096 values.
     A pipeline one row deep, the terms of row n in the loop that reads row n + 1 from DRAM for its sums,
     so that the one's loads overlap the other's arithmetic: float32 rows of 1024 and 4096 values 0.99-1.20
