@@ -18,6 +18,7 @@ over repeated runs of
     torch        PyTorch CPU eager on all threads, allocating
     copy x       a plain numba copy of x into a preallocated array, all threads: the bytes a
                  forward moves, in the same rounds, so in the same cache state as the kernels
+    triad x      a plain numba triad out = x + 3 dy, the same way: the bytes a backward moves
 
 Effective GB/s count the minimal bytes: forward reads x and writes y (2 |x|
 bytes), backward reads x and dy and writes dx (3 |x|), forward+backward 5 |x|
@@ -26,9 +27,15 @@ same way (copy 2 arrays, triad 3 arrays), so "% of copy/triad" compares like
 with like. STREAM streams arrays of twice the L3, from DRAM; so that the kernels
 are held to it on equal terms, every call on a listed shape is timed from cold
 caches (``Stream.evict`` first: x and dy come from DRAM), while the size sweep
-runs hot, to show the caches at work. Each row also times "copy x" and reports
-the kernel against it ("% copy x": the GB/s of numba out= over the GB/s of
-copying x, at the same moment and in the same cache state).
+runs hot, to show the caches at work.
+
+This VM's memory bandwidth moves with its neighbours' load, by up to 2x within a
+minute (a STREAM copy timed before and after one row read 34 GB/s in one row and
+79 in another of the same run), so each row also times plain kernels that move a
+direction's bytes, in the same rounds: "copy x" (a forward's), "triad x" (a
+backward's). "% plain x" is the time they take (both for forward+backward) over
+the time of numba out=: the kernel against the same bytes moved by ordinary
+loads and stores at the same moment and in the same cache state.
 The kernels are called at the ndarray level on each norm's 4-D view (see
 ``minigrad_norm.kernels.reference``), as the norm layers call them.
 
@@ -63,7 +70,10 @@ DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
 BYTES_PER_X = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
 # untimed calls before each timed one: enough to reach a steady state (see interleaved_medians)
 WARMUP_CALLS = 3
-IMPLS = ("numpy", "numba 1t", "numba", "numba out=", "torch 1t", "torch", "copy x")
+IMPLS = ("numpy", "numba 1t", "numba", "numba out=", "torch 1t", "torch", "copy x", "triad x")
+# the plain kernels each direction's bytes are compared with ("% plain x"), and the bytes each moves, per |x|
+PLAIN = {"fwd": ("copy x",), "bwd": ("triad x",), "fwd+bwd": ("copy x", "triad x")}
+PLAIN_BYTES_PER_X = {"copy x": 2, "triad x": 3}
 DRAM_SIZED_BYTES = 16 * 2**20
 
 
@@ -350,8 +360,9 @@ class Row:
         t = self.ms.get(impl)
         if t is None:
             return None
-        # the copy moves 2 |x| whatever the direction
-        moved = 2 * self.bytes // BYTES_PER_X[self.direction] if impl == "copy x" else self.bytes
+        # the plain kernels move the same bytes whatever the direction
+        per_x = PLAIN_BYTES_PER_X.get(impl, BYTES_PER_X[self.direction])
+        moved = per_x * self.bytes // BYTES_PER_X[self.direction]
         return moved / (t * 1e-3) / 1e9
 
 
@@ -471,12 +482,13 @@ def time_case(
     from minigrad_norm.kernels import numba_cpu
 
     reps, budget = (3, 0.05) if quick else (7, 1.5)
-    x_flat, copy_to = p.x.reshape(-1), np.empty(p.x.size, p.x.dtype)
+    x_flat, dy_flat, plain_out = p.x.reshape(-1), p.dy.reshape(-1), np.empty(p.x.size, p.x.dtype)
     plan: dict[str, tuple[int, Callable[[], Any]]] = {
         "numba 1t": (1, kernel_runner(numba_cpu, p, direction, True)),
         "numba": (all_threads, kernel_runner(numba_cpu, p, direction, False)),
         "numba out=": (all_threads, kernel_runner(numba_cpu, p, direction, True)),
-        "copy x": (all_threads, lambda: stream.copy_kernel(x_flat, copy_to)),
+        "copy x": (all_threads, lambda: stream.copy_kernel(x_flat, plain_out)),
+        "triad x": (all_threads, lambda: stream.triad_kernel(plain_out, x_flat, dy_flat, 3.0)),
     }
     if torch is not None:
         plan["torch 1t"] = (1, torch_runner(torch, p, direction))
@@ -570,7 +582,7 @@ def run(
         if problem is None or problem.case != case or problem.dtype != np.dtype(dtype):
             problem = None  # free the previous arrays first
             problem = Problem.make(case, np.dtype(dtype))
-        sweep_impls = [i for i in impls if i in ("numpy", "numba", "numba out=", "torch", "copy x")]
+        sweep_impls = [i for i in impls if i in ("numpy", "numba", "numba out=", "torch", "copy x", "triad x")]
         row = time_case(
             problem, direction, torch, stream, all_threads, quick, sweep_impls if in_sweep else impls, cold=not in_sweep
         )
@@ -601,16 +613,17 @@ def _percent(row: Row, impl: str, stream: str) -> float | None:
     return None if gbps is None else 100 * gbps / row.stream[stream]
 
 
-def _copy_x_percent(row: Row) -> float | None:
-    """GB/s of numba out= as a percentage of a plain copy of x timed in the same rounds."""
-    kernel, copy = row.gbps("numba out="), row.gbps("copy x")
-    return None if kernel is None or copy is None else 100 * kernel / copy
+def _plain_percent(row: Row) -> float | None:
+    """The time the plain kernels moving the row's bytes took (copy x, triad x, or both: ``PLAIN``), timed
+    in the same rounds, as a percentage of the time numba out= took."""
+    times = [row.ms.get(impl) for impl in (*PLAIN[row.direction], "numba out=")]
+    return None if None in times else 100 * sum(times[:-1]) / times[-1]
 
 
 def format_table(report: Report, markdown: bool = False) -> str:
     """The results as a table: times, GB/s and fraction of STREAM for numba, and ratios."""
     head = ["norm", "shape", "dtype", "dir"] + [f"{i} ms" for i in IMPLS]
-    head += ["copy GB/s", "out= GB/s", "% copy", "% triad", "% copy x", "x numpy", "x torch"]
+    head += ["copy GB/s", "out= GB/s", "% copy", "% triad", "% plain x", "x numpy", "x torch"]
     lines = []
     for r in report.rows + report.sweep:
         lines.append(
@@ -621,7 +634,7 @@ def format_table(report: Report, markdown: bool = False) -> str:
                 _f(r.gbps("numba out="), ".1f"),
                 _f(_percent(r, "numba out=", "copy"), ".0f"),
                 _f(_percent(r, "numba out=", "triad"), ".0f"),
-                _f(_copy_x_percent(r), ".0f"),
+                _f(_plain_percent(r), ".0f"),
                 _f(_ratio(r.ms.get("numpy"), r.ms.get("numba out=")), ".1f"),
                 _f(_ratio(r.ms.get("torch"), r.ms.get("numba")), ".1f"),
             ]
@@ -673,8 +686,9 @@ def target_summary(report: Report) -> list[str]:
         f"{span([_ratio(r.ms.get('torch 1t'), r.ms.get('numba 1t')) for r in fb], 'x')})",
         f"fwd at DRAM sizes, numba out=, % of copy: {span([_percent(r, 'numba out=', 'copy') for r in fwd], '%')}; "
         "target >= 80%",
-        f"  (the same against a copy of x timed alongside: fwd {span([_copy_x_percent(r) for r in fwd], '%')}, "
-        f"fwd+bwd {span([_copy_x_percent(r) for r in fb], '%')})",
+        f"  (against plain kernels moving the same bytes in the same rounds, copy x for fwd, copy x and "
+        f"triad x for fwd+bwd: fwd {span([_plain_percent(r) for r in fwd], '%')}, "
+        f"fwd+bwd {span([_plain_percent(r) for r in fb], '%')})",
         f"numpy / numba out=, every listed shape and direction: "
         f"{span([_ratio(r.ms.get('numpy'), r.ms.get('numba out=')) for r in report.rows], 'x')}; target >= 5x",
     ]
@@ -705,8 +719,9 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "threads, timed just before and just after that row, the higher of the two ('copy GB/s'); "
         "the other implementations are timed round-robin, "
         f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own; "
-        "'% copy x' compares it with 'copy x', a plain copy of x (the bytes of a forward) timed in the same "
-        "rounds; "
+        "'% plain x' is the time of plain kernels moving the same bytes, timed in the same rounds ('copy x' "
+        "= a copy of x, a forward's bytes; 'triad x' = x + 3 dy, a backward's; both for fwd+bwd), over the time "
+        "of numba out=; "
         "'x numpy' = numpy / numba out=, 'x torch' = torch / numba (both allocating, "
         "all threads). The listed shapes are timed from cold caches: before each timed call, a read of twice "
         "the L3 size evicts everything, so x and dy come from DRAM. The LayerNorm D=1024 rows at the end are "

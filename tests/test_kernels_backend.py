@@ -172,10 +172,11 @@ def test_bench_runs_end_to_end(tmp_path):
     assert len(report.rows) == len(cases) * 3 and len(report.sweep) == 1
     assert all(row.cold for row in report.rows) and not report.sweep[0].cold  # the sweep runs hot
     for row in report.rows:
-        assert {"numpy", "numba 1t", "numba", "numba out=", "copy x"} <= set(row.ms)
-        # the copy moves 2 |x| in every direction, the kernels 2, 3 or 5 |x|
-        copied = 2 * row.bytes / bench.BYTES_PER_X[row.direction]
-        assert row.gbps("copy x") == pytest.approx(copied / row.ms["copy x"] / 1e6)
+        assert {"numpy", "numba 1t", "numba", "numba out=", "copy x", "triad x"} <= set(row.ms)
+        # the copy moves 2 |x| and the triad 3 |x| in every direction, the kernels 2, 3 or 5 |x|
+        x_bytes = row.bytes / bench.BYTES_PER_X[row.direction]
+        assert row.gbps("copy x") == pytest.approx(2 * x_bytes / row.ms["copy x"] / 1e6)
+        assert row.gbps("triad x") == pytest.approx(3 * x_bytes / row.ms["triad x"] / 1e6)
         assert all(t > 0 for t in row.ms.values())
     assert report.stream["copy 1t"] > 0 and report.stream["triad 1t"] > 0 and report.stream["memcpy 1t"] > 0
     text = bench.format_report(report, markdown=True)
@@ -193,6 +194,23 @@ def test_bench_row_keeps_the_higher_stream_rate_of_before_and_after(monkeypatch)
     row = bench.time_case(p, "fwd", None, stream, 1, quick=True, impls=("numba out=",), cold=False)
     assert row.stream == {"copy": 20.0, "triad": 30.0}
     assert next(readings, None) is None  # measured twice, no more
+
+
+def test_bench_compares_each_direction_with_plain_kernels_of_the_same_bytes():
+    """'% plain x': a forward against the copy of x, a backward against the triad, forward+backward against
+    both, each the time of the plain kernels over the time of numba out= (made-up times, in ms)."""
+    ms = {"copy x": 2.0, "triad x": 3.0, "numba out=": 4.0}
+    stream = {"copy": 25.0, "triad": 30.0}
+    expected = {"fwd": 50.0, "bwd": 75.0, "fwd+bwd": 125.0}  # 2/4, 3/4, (2+3)/4
+    for direction, percent in expected.items():
+        row = bench.Row("layer_norm", (2, 2), "float32", direction, 1000, ms, stream)
+        assert bench._plain_percent(row) == pytest.approx(percent)
+    no_triad = bench.Row("layer_norm", (2, 2), "float32", "bwd", 1000, {"copy x": 2.0, "numba out=": 4.0}, stream)
+    assert bench._plain_percent(no_triad) is None
+    table = bench.format_table(
+        bench.Report({}, {}, [bench.Row("n", (2,), "float32", "fwd+bwd", 1000, ms, stream)], [], {}, False)
+    )
+    assert "% plain x" in table and " 125 " in table
 
 
 def test_bench_says_what_2x_pytorch_would_take_where_it_is_missed():
