@@ -35,7 +35,9 @@ minute (a STREAM copy timed before and after one row read 34 GB/s in one row and
 direction's bytes, in the same rounds: "copy x" (a forward's), "triad x" (a
 backward's). "% plain x" is the time they take (both for forward+backward) over
 the time of numba out=: the kernel against the same bytes moved by ordinary
-loads and stores at the same moment and in the same cache state.
+loads and stores at the same moment and in the same cache state. (For an x under
+DRAM_SIZED_BYTES their output can stay in the L3 through their call, while the
+kernels stream big outputs to memory: there it flatters the plain kernels.)
 The kernels are called at the ndarray level on each norm's 4-D view (see
 ``minigrad_norm.kernels.reference``), as the norm layers call them.
 
@@ -721,7 +723,9 @@ def format_report(report: Report, markdown: bool = False) -> str:
         f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own; "
         "'% plain x' is the time of plain kernels moving the same bytes, timed in the same rounds ('copy x' "
         "= a copy of x, a forward's bytes; 'triad x' = x + 3 dy, a backward's; both for fwd+bwd), over the time "
-        "of numba out=; "
+        "of numba out= (for an x smaller than DRAM_SIZED_BYTES the plain kernels' output can stay in the L3 "
+        "through their call, while the kernels stream theirs to memory: there it is a harsh yardstick, and "
+        "the target lines leave such rows out); "
         "'x numpy' = numpy / numba out=, 'x torch' = torch / numba (both allocating, "
         "all threads). The listed shapes are timed from cold caches: before each timed call, a read of twice "
         "the L3 size evicts everything, so x and dy come from DRAM. The LayerNorm D=1024 rows at the end are "
