@@ -594,6 +594,22 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
+def _dx(dy, wv, x, mh, ml, r, proj, mdx):
+    """One value of dx, in x's dtype: ((dxhat - xhat * proj) - mdx) * rstd, dxhat = dy * w, xhat = ((x - mu_hi)
+    - mu_lo) * rstd (``_split``); the reference's operation order."""
+    return ((dy * wv - ((x - mh) - ml) * r * proj) - mdx) * r
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _add_affine_terms(pdw, pdb, i, dy, x, mu, r):
+    """Adds one value's dweight and dbias terms, dy * xhat and dy in float64 (xhat = (x - mean) * rstd, as the
+    reference), into the partial rows: pdw[i] += dy * xhat, pdb[i] += dy."""
+    d = np.float64(dy)
+    pdw[i] += d * ((x - mu) * r)
+    pdb[i] += d
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
     """dx = ((dxhat - xhat * proj) - mdx) * rstd  (or dxhat * rstd with fixed statistics) over a
     contiguous run sharing one (mean, rstd), one weight per value (a LayerNorm row), in x's dtype."""
@@ -606,13 +622,13 @@ def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
             dxb[i] = dyb[i] * w[i] * r
     else:
         for i in range(xb.shape[0]):
-            dxb[i] = ((dyb[i] * w[i] - ((xb[i] - mh) - ml) * r * proj) - mdx) * r
+            dxb[i] = _dx(dyb[i], w[i], xb[i], mh, ml, r, proj, mdx)
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
 def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, pdw, pdb):
-    """``_dx_row``, adding in the same loop the row's dweight and dbias terms, dy * xhat and dy in float64
-    (xhat = (x - mean) * rstd, as the reference), into the partial rows pdw, pdb.
+    """``_dx_row``, adding in the same loop the row's dweight and dbias terms into the partial rows pdw, pdb
+    (``_add_affine_terms``).
 
     Here, in the pass that re-reads the row from L1, rather than in the pass that reads it from DRAM
     (``_row_dx_sums``): that pass then has the little work per value that keeps the memory busy, and the
@@ -632,15 +648,11 @@ def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, pdw, pdb):
     if fixed:
         for i in range(xb.shape[0]):
             dxb[i] = dyb[i] * w[i] * rx
-            d = np.float64(dyb[i])
-            pdw[i] += d * ((xb[i] - mu) * r)
-            pdb[i] += d
+            _add_affine_terms(pdw, pdb, i, dyb[i], xb[i], mu, r)
     else:
         for i in range(xb.shape[0]):
-            dxb[i] = ((dyb[i] * w[i] - ((xb[i] - mh) - ml) * rx * proj) - mdx) * rx
-            d = np.float64(dyb[i])
-            pdw[i] += d * ((xb[i] - mu) * r)
-            pdb[i] += d
+            dxb[i] = _dx(dyb[i], w[i], xb[i], mh, ml, rx, proj, mdx)
+            _add_affine_terms(pdw, pdb, i, dyb[i], xb[i], mu, r)
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
@@ -678,7 +690,7 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S):
                 dxs[s] = dys[s] * wk * r
         else:
             for s in range(S):
-                dxs[s] = ((dys[s] * wk - ((xs[s] - mh) - ml) * r * proj) - mdx) * r
+                dxs[s] = _dx(dys[s], wk, xs[s], mh, ml, r, proj, mdx)
         if has_mask:
             for s in range(S):
                 if not mrow[s]:
