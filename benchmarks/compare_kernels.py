@@ -16,10 +16,12 @@ of the same code read, the floor under which a change shows nothing. On the Inte
 that was 2 %. On the AMD VM (CPU family 26, 2 threads, cold) it was 0.87-1.08 for
 most views and directions, but the backward of 65536x1x128x1 read 1.19-1.34 and its
 backward without affine gradients 0.86-0.90, in four runs out of four (why is not
-known; where each compiled copy's loops lie in memory is one candidate). ``--cold`` empties the caches before each
-timed call (``bench.Stream.evict``), as the benchmark times the listed shapes:
-without it the arrays of these shapes can stay in a large L3 from call to call, and
-a change that helps only when x comes from DRAM (a prefetch) shows nothing.
+known; where each compiled copy's loops lie in memory is one candidate).
+
+``--cold`` empties the caches before each timed call (``bench.Stream.evict``), as
+the benchmark times the listed shapes: without it the arrays of these shapes can
+stay in a large L3 from call to call, and a change that helps only when x comes
+from DRAM (a prefetch) shows nothing.
 A view whose name ends in "bn" (32x64x1x3136bn) reduces over the batch (BatchNorm).
 """
 

@@ -594,6 +594,13 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
+def _dx_scalars(xb, mu, r, proj, mdx):
+    """What ``_dx`` takes of a run's statistics, in x's dtype: (mu_hi, mu_lo) (``_split``), rstd, proj, mdx."""
+    mh, ml = _split(xb, mu)
+    return mh, ml, _in_dtype_of(xb, r), _in_dtype_of(xb, proj), _in_dtype_of(xb, mdx)
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def _dx(dy, wv, x, mh, ml, r, proj, mdx):
     """One value of dx, in x's dtype: ((dxhat - xhat * proj) - mdx) * rstd, dxhat = dy * w, xhat = ((x - mu_hi)
     - mu_lo) * rstd (``_split``); the reference's operation order."""
@@ -613,10 +620,7 @@ def _add_affine_terms(pdw, pdb, i, dy, x, mu, r):
 def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
     """dx = ((dxhat - xhat * proj) - mdx) * rstd  (or dxhat * rstd with fixed statistics) over a
     contiguous run sharing one (mean, rstd), one weight per value (a LayerNorm row), in x's dtype."""
-    mh, ml = _split(xb, mu)
-    r = _in_dtype_of(xb, r)
-    proj = _in_dtype_of(xb, proj)
-    mdx = _in_dtype_of(xb, mdx)
+    mh, ml, r, proj, mdx = _dx_scalars(xb, mu, r, proj, mdx)
     if fixed:
         for i in range(xb.shape[0]):
             dxb[i] = dyb[i] * w[i] * r
@@ -641,10 +645,7 @@ def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, pdw, pdb):
     A pipeline one row deep, the terms of row n in the loop that reads row n + 1 from DRAM for its sums,
     so that the one's loads overlap the other's arithmetic: float32 rows of 1024 and 4096 values 0.99-1.20
     and 1.09-1.22, and rows of 128 values 0.98 in one process, 1.81 in the next.)"""
-    mh, ml = _split(xb, mu)
-    rx = _in_dtype_of(xb, r)
-    proj = _in_dtype_of(xb, proj)
-    mdx = _in_dtype_of(xb, mdx)
+    mh, ml, rx, proj, mdx = _dx_scalars(xb, mu, r, proj, mdx)
     if fixed:
         for i in range(xb.shape[0]):
             dxb[i] = dyb[i] * w[i] * rx
@@ -676,10 +677,7 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S):
     if S == 1 and not has_mask:
         _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed)
         return
-    mh, ml = _split(xb, mu)
-    r = _in_dtype_of(xb, r)
-    proj = _in_dtype_of(xb, proj)
-    mdx = _in_dtype_of(xb, mdx)
+    mh, ml, r, proj, mdx = _dx_scalars(xb, mu, r, proj, mdx)
     for k in range(K):
         xs = xb[k * S : (k + 1) * S]
         dys = dyb[k * S : (k + 1) * S]
