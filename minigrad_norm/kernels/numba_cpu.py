@@ -228,7 +228,11 @@ def _borrowed(typingctx, a):
     one and drops it again, each an atomic (``lock``-prefixed) instruction. An atomic instruction waits
     until every streaming store before it has reached memory, so a row loop that makes views after
     streaming each row out serializes the stores: the streaming forward of 128-value float32 rows took
-    2.7x as long as with ordinary stores, and 1.1x with borrowed arrays."""
+    2.7x as long as with ordinary stores, and 1.1x with borrowed arrays. Every array an item function
+    slices must be borrowed, the weight row too: with it left out, the backward of 128-value float32 rows
+    made two calls into numba's runtime per row, and borrowing it took that backward 0.87 of the time from
+    cold caches (0.79 without affine gradients; BatchNorm 32x64x56x56 0.90-0.94), and in L2 on one thread
+    with fixed statistics 22 instead of 41 ns per row (``benchmarks/compare_kernels.py --cold``, the AMD VM)."""
 
     def codegen(context, builder, sig, args):
         src = context.make_array(sig.args[0])(context, builder, args[0])
@@ -812,7 +816,7 @@ def _backward_rows(
     """Backward of the rows (n, g), n = n_first..n_last-1, each with its own statistics; dweight and
     dbias terms into the partial rows pw, pb."""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
-    pw, pb = _borrowed(pw), _borrowed(pb)
+    wg, pw, pb = _borrowed(wg), _borrowed(pw), _borrowed(pb)
     L = x3.shape[2]
     for n in range(n_first, n_last):
         mu = mean2[n, g] if use_mean else 0.0
@@ -830,7 +834,7 @@ def _backward_groups(
     """Backward of the groups of channel g: all N blocks as one (reduce_batch), or the blocks
     n_first..n_last-1 one by one; dweight and dbias terms into the partial rows pw, pb."""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
-    mask2 = _borrowed(mask2)
+    wg, mask2, pw, pb = _borrowed(wg), _borrowed(mask2), _borrowed(pw), _borrowed(pb)
     N = x3.shape[0]
     kp, sp = _stream_pieces(K, S, scratch)
     for j in range(1 if reduce_batch else n_last - n_first):
