@@ -1,9 +1,9 @@
 """The numba kernels against the NumPy reference: same functions, same signatures, same numbers.
 
 Tolerances. The numba kernels use the reference's operation order and accumulate
-every sum in float64 too, so the statistics, dweight and dbias differ only in the
-order of their float64 sums, and so do y and dx for float64 data. Relative to the
-largest magnitude in the reference output (``scale``):
+every sum in float64 too (but a row's dweight and dbias for float32 data, below), so the
+statistics, dweight and dbias differ only in the order of their float64 sums, and so do y
+and dx for float64 data. Relative to the largest magnitude in the reference output (``scale``):
 
 * float64: |numba - reference| <= 1e-10 * scale;
 * float32 statistics, dweight, dbias: <= 4 ULP(1) * scale = 4.8e-7 * scale (the float64
@@ -15,6 +15,8 @@ quantities on the right exact, from the reference in float64):
 
 * y:  |numba - reference| <= 8 u (|xhat * w| + |b|)
 * dx: |numba - reference| <= 16 u rstd (|dxhat| + |xhat| mean_g|dxhat * xhat| + mean_g|dxhat|)
+* a row's dweight and dbias (LayerNorm, RMSNorm: terms summed in float32 over blocks of R rows):
+  (R + 8) u sum_n |dy * xhat| and (R + 2) u sum_n |dy|
 
 The inputs are drawn as offset + spread * N(0, 1) with |offset| / spread <= 1e3, so
 no test depends on cancellation deeper than these bounds allow.
@@ -64,9 +66,11 @@ def assert_close(got, want, dtype, what: str, bound: np.ndarray | None = None) -
     assert worst <= TOL[dtype] * scale, f"{what}: max abs error {worst:.3e} > {TOL[dtype]:.1e} * {scale:.3e}"
 
 
-def float32_bounds(case: dict, mean: np.ndarray, var: np.ndarray, fixed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The error bounds of the float32 y and dx (module docstring), from exact float64 quantities: the
-    reference's statistics ``mean``, ``var`` (as the forward used them), x, dy and the affine."""
+def float32_bounds(case: dict, mean: np.ndarray, var: np.ndarray, fixed: bool) -> dict[str, np.ndarray | None]:
+    """The error bounds of the float32 y and dx, and of a row's dweight and dbias (module docstring), by
+    output name, from exact float64 quantities: the reference's statistics ``mean``, ``var`` (as the
+    forward used them), x, dy and the affine. dweight and dbias of other groups get None: they are float64
+    sums, held to TOL."""
     x, dy = case["x"].astype(np.float64), case["dy"].astype(np.float64)
     N, G, K, S = x.shape
     rb = case["reduce_batch"]
@@ -87,7 +91,12 @@ def float32_bounds(case: dict, mean: np.ndarray, var: np.ndarray, fixed: bool) -
     xhat = (x - (stat4(mean) if case["centered"] or fixed else 0.0)) * rstd
     dxhat = np.abs(dy * w)
     dx_bound = 16 * U32 * rstd * (dxhat + np.abs(xhat) * group_mean(dxhat * np.abs(xhat)) + group_mean(dxhat))
-    return y_bound, dx_bound
+    bounds = {"y": y_bound, "dx": dx_bound, "dweight": None, "dbias": None}
+    if S == 1 and case["mask"] is None and not rb:  # rows (LayerNorm, RMSNorm): terms summed in float32 blocks
+        R = numba_cpu.TERM_BLOCK_ROWS
+        bounds["dweight"] = (R + 8) * U32 * np.abs(dy * xhat).sum(axis=(0, 3))
+        bounds["dbias"] = (R + 2) * U32 * np.abs(dy).sum(axis=(0, 3))
+    return bounds
 
 
 @st.composite
@@ -145,8 +154,9 @@ def run_both(case: dict, **extra) -> list[tuple]:
     _, mean, var = fwd["reference"]
     rstd = 1.0 / np.sqrt(var + EPS)
     float32 = np.result_type(x, dy) == np.float32
-    # y's bound, and dx's for computed (fixed=False) and fixed statistics
-    bounds = {fixed: float32_bounds(case, mean, var, fixed) if float32 else (None, None) for fixed in (False, True)}
+    # the float32 bounds for computed (fixed=False) and fixed statistics (None: held to TOL)
+    none = dict.fromkeys(("y", "dx", "dweight", "dbias"))
+    bounds = {fixed: float32_bounds(case, mean, var, fixed) if float32 else none for fixed in (False, True)}
     out = []
     for fixed in (False, True):
         bwd = [
@@ -155,16 +165,18 @@ def run_both(case: dict, **extra) -> list[tuple]:
             )
             for mod in (numba_cpu, reference)
         ]
-        out.append((bwd[0], bwd[1], f"backward fixed_stats={fixed}", bounds[fixed][1]))
-    return [(fwd["numba"], fwd["reference"], "forward", bounds[False][0]), *out]
+        b = bounds[fixed]
+        out.append((bwd[0], bwd[1], f"backward fixed_stats={fixed}", (b["dx"], b["dweight"], b["dbias"])))
+    return [(fwd["numba"], fwd["reference"], "forward", (bounds[False]["y"], None, None)), *out]
 
 
 def check_case(case: dict) -> None:
-    """Every output of forward and backward: y and dx within their bounds, the sums to TOL."""
+    """Every output of forward and backward: y, dx (and a row's dweight, dbias) within their bounds, the
+    other sums to TOL."""
     dtype = case["x"].dtype.type
-    for got, want, what, bound in run_both(case):
-        for name, g, w in zip(("first", "second", "third"), got, want):
-            assert_close(g, w, dtype, f"{what}, output {name}", bound if name == "first" else None)
+    for got, want, what, bounds in run_both(case):
+        for name, g, w, bound in zip(("first", "second", "third"), got, want, bounds):
+            assert_close(g, w, dtype, f"{what}, output {name}", bound)
 
 
 @given(cases())
@@ -215,7 +227,7 @@ def test_rows_of_several_groups_split_inside_a_sample(dtype, centered, eval_stat
     """Rows with a weight and bias per group (GroupNorm of an (N, C) input, the view (N, G, C/G, 1)): 65
     samples of 2 groups are 130 rows, 3 per forward work item, so items start at group 0 or 1. With
     given statistics the forward takes the general loop, and the backward gets a mean that is not 0,
-    which an uncentered (RMS) backward must ignore (the float32 rows go in pairs there)."""
+    which an uncentered (RMS) backward must ignore."""
     rng = np.random.default_rng(9)
     x = (2.0 + rng.standard_normal((65, 2, 5, 1))).astype(dtype)
     w = rng.standard_normal((2, 5)).astype(dtype)
@@ -250,6 +262,29 @@ def test_many_layer_norm_rows_per_chunk(dtype):
     case = dict(x=x, dy=dy, weight=w, bias=w[:, ::-1].copy(), reduce_batch=False, mask=None, eval_stats=False)
     for centered in (True, False):
         check_case({**case, "centered": centered, "need_affine_grads": True})
+
+
+def test_float32_row_terms_are_summed_in_short_blocks():
+    """A row's dweight/dbias terms are summed in float32 over blocks of TERM_BLOCK_ROWS rows only. Column 0
+    has one term of about 1 and then 16383 of about 0.45 u: in one float32 sum each small term would vanish
+    next to the 1, and a chunk of 256 rows would lose 255 * 0.45 u = 115 u, far past the bound (16 u here).
+    In blocks of 8 only the 7 beside the 1 vanish."""
+    N = 16384
+    x = np.tile(np.array([1.0, -1.0], dtype=np.float32), (N, 1)).reshape(N, 1, 2, 1)  # xhat = +-1 (almost)
+    dy = np.full(x.shape, 0.45 * U32, dtype=np.float32)
+    dy[0] = 1.0
+    w = np.ones((1, 2), dtype=np.float32)
+    _, mean, var = reference.norm_forward(x, w, None, EPS)
+    rstd = 1.0 / np.sqrt(var + EPS)
+    got = numba_cpu.norm_backward(dy, x, mean, rstd, w)
+    want = reference.norm_backward(dy, x, mean, rstd, w)
+    assert numba_cpu._n_chunks(N, 1, 1, False) == 64  # 256 rows per chunk
+    bounds = float32_bounds(
+        dict(x=x, dy=dy, weight=w, bias=None, mask=None, centered=True, reduce_batch=False), mean, var, False
+    )
+    assert_close(got[1], want[1], np.float32, "dweight", bounds["dweight"])
+    assert_close(got[2], want[2], np.float32, "dbias", bounds["dbias"])
+    assert bounds["dbias"][0, 0] < 20 * U32 * want[2][0, 0]  # the bound is tight enough to tell
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -13,7 +13,7 @@ backward, for each group:
     pass 1  A = sum(dy * w),  B = sum(dy * w * xhat)   (and, per (g, k), sum(dy), sum(dy * xhat))
     pass 2  dx = ((dxhat - xhat * B/m) - A/m) * rstd
 (a row of its own statistics, LayerNorm's and RMSNorm's, adds its dweight/dbias terms dy * xhat and
-dy per value in pass 2 instead, from L1: see ``_dx_row_affine``)
+dy per value in pass 2 instead, from L1, in x's dtype: see ``_dx_row_affine`` and ``_fold_terms``)
 Passes 2 and 3 re-read a group that has just been read, from L1/L2 (a LayerNorm row,
 an InstanceNorm/GroupNorm block, a BatchNorm channel of N*S values), so DRAM sees x
 (and dy) read once and y (dx) written once: the minimal traffic.
@@ -22,7 +22,9 @@ Design points, each one tested in ``tests/test_kernels.py``:
 
 * Every sum (mean, variance, A, B, dweight, dbias) accumulates in float64, for float32 and
   float64 data alike, as in the reference (``np.float64(dy[i])``: in numba ``float()`` of a
-  float32 stays float32).
+  float32 stays float32), but one: a row's dweight and dbias terms (LayerNorm, RMSNorm) are
+  summed in x's dtype over blocks of TERM_BLOCK_ROWS = 8 rows, and those block sums in float64
+  (``_fold_terms``; for float32 data, the bound below).
 * The passes that write an output (y, dx) compute in the data's dtype, in the reference's
   operation order: for float32 data that is twice the lanes per vector register and no
   conversions (``benchmarks/compare_kernels.py a32ff77``, against the float64
@@ -42,6 +44,11 @@ Design points, each one tested in ``tests/test_kernels.py``:
       dx:  16 u rstd (|dxhat| + |xhat| * mean|dxhat * xhat| + mean|dxhat|)     (means over the group)
   counting the roundings of the float32 operations (about one u per operation, on the
   terms, not on the possibly cancelled result) plus the reference's own final rounding.
+  A row's dweight and dbias (LayerNorm, RMSNorm; R = TERM_BLOCK_ROWS), sums over the rows n:
+      dweight: (R + 8) u sum_n |dy * xhat|        dbias: (R + 2) u sum_n |dy|
+  (a term dy * xhat rounds about 5 times, xhat as in y; a block's float32 sum adds R - 1
+  roundings of its terms; the float64 sum of the blocks next to nothing; then both results
+  are rounded to float32).
   ``tests/test_kernels.py`` holds the kernels to exactly these bounds. They are relative
   to the terms: where y or dx is a small difference of large terms (a bias cancelling
   xhat * w, a group of one value where dx is exactly 0 but dxhat * rstd is large) the
@@ -49,8 +56,9 @@ Design points, each one tested in ``tests/test_kernels.py``:
   Two assumptions: the float64 statistics agree with the reference's, which holds when
   their float64 sums are exact or nearly so, but not when values of very different sizes
   cancel (254 ones beside 1e30 and -1e30: the sum depends on its order, and the means then
-  differ by far more than the bound); and no result is subnormal (below 2^-126 each
-  rounding adds an absolute 2^-150, whatever the size of the terms).
+  differ by far more than the bound); no result is subnormal (below 2^-126 each
+  rounding adds an absolute 2^-150, whatever the size of the terms); and no block sum of
+  dweight/dbias terms exceeds float32's range (3.4e38) where the whole sum does not.
 * Only the reduction helpers (``@_helper``: one pass over one contiguous run, returning
   sums) carry a fastmath flag, ``reassoc``, which lets LLVM vectorize a sum by splitting
   it into lanes. Reordering a sum cannot turn NaN or +-inf into a finite number (a NaN,
@@ -136,6 +144,8 @@ PREFETCH_MAX_ROW_BYTES = 2048
 PREFETCH_DISTANCE_BYTES = 2048
 # A streamed output goes through an L1-resident scratch row of at most this many bytes: see _scratch_len.
 STREAM_CHUNK_BYTES = 4096
+# A row's dweight/dbias terms are summed in x's dtype over blocks of this many rows, then in float64: see _fold_terms.
+TERM_BLOCK_ROWS = 8
 # dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks
 # (and at most this many work items in the forward).
 _MIN_TERMS_PER_CHUNK = 16
@@ -605,19 +615,16 @@ def _dx_scalars(xb, mu, r, proj, mdx):
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
-def _dx(dy, wv, x, mh, ml, r, proj, mdx):
-    """One value of dx, in x's dtype: ((dxhat - xhat * proj) - mdx) * rstd, dxhat = dy * w, xhat = ((x - mu_hi)
-    - mu_lo) * rstd (``_split``); the reference's operation order."""
-    return ((dy * wv - ((x - mh) - ml) * r * proj) - mdx) * r
+def _xhat(x, mh, ml, r):
+    """One value of xhat, in x's dtype: ((x - mu_hi) - mu_lo) * rstd (``_split``)."""
+    return ((x - mh) - ml) * r
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
-def _add_affine_terms(pdw, pdb, i, dy, x, mu, r):
-    """Adds one value's dweight and dbias terms, dy * xhat and dy in float64 (xhat = (x - mean) * rstd, as the
-    reference), into the partial rows: pdw[i] += dy * xhat, pdb[i] += dy."""
-    d = np.float64(dy)
-    pdw[i] += d * ((x - mu) * r)
-    pdb[i] += d
+def _dx(dy, wv, xh, r, proj, mdx):
+    """One value of dx, in x's dtype: ((dxhat - xhat * proj) - mdx) * rstd, dxhat = dy * w, xhat from
+    ``_xhat``; the reference's operation order."""
+    return ((dy * wv - xh * proj) - mdx) * r
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
@@ -630,45 +637,67 @@ def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
             dxb[i] = dyb[i] * w[i] * r
     else:
         for i in range(xb.shape[0]):
-            dxb[i] = _dx(dyb[i], w[i], xb[i], mh, ml, r, proj, mdx)
+            dxb[i] = _dx(dyb[i], w[i], _xhat(xb[i], mh, ml, r), r, proj, mdx)
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
-def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, pdw, pdb):
-    """``_dx_row``, adding in the same loop the row's dweight and dbias terms into the partial rows pdw, pdb
-    (``_add_affine_terms``).
+def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, tw, tb):
+    """``_dx_row``, adding in the same loop the row's dweight and dbias terms, dy * xhat and dy, in x's dtype,
+    into the term rows tw, tb (x's dtype: see ``_fold_terms``).
 
     Here, in the pass that re-reads the row from L1, rather than in the pass that reads it from DRAM
-    (``_row_dx_sums``): that pass then has the little work per value that keeps the memory busy, and the
-    float64 arithmetic of these terms runs on data in cache. ``benchmarks/compare_kernels.py --cold`` (2
-    threads, the AMD VM, two runs) took the LayerNorm backward, against the terms added in the sums pass
-    (float32 rows in pairs), float32 rows of 768, 1024 and 4096 values 0.86-0.91, 0.85-0.92 and 1.03-1.04
-    of the time, float64 0.93, 0.93 and 0.86-0.87; rows of 128 values 1.05-1.09, inside what two copies
-    of the same code read there (up to 1.34: see ``benchmarks/compare_kernels.py``). (The terms in a loop of
-    their own after the dx loop, both on the piece in L1: float32 1.07-1.11 on rows of 768-4096 values.
-    A pipeline one row deep, the terms of row n in the loop that reads row n + 1 from DRAM for its sums,
-    so that the one's loads overlap the other's arithmetic: float32 rows of 1024 and 4096 values 0.99-1.20
-    and 1.09-1.22, and rows of 128 values 0.98 in one process, 1.81 in the next.)"""
-    mh, ml, rx, proj, mdx = _dx_scalars(xb, mu, r, proj, mdx)
+    (``_row_dx_sums``): that pass then has the little work per value that keeps the memory busy.
+    ``benchmarks/compare_kernels.py --cold`` (2 threads, the AMD VM, two runs) took the LayerNorm backward,
+    against the terms (then in float64) added in the sums pass, float32 rows of 768, 1024 and 4096 values
+    0.86-0.91, 0.85-0.92 and 1.03-1.04 of the time, float64 0.93, 0.93 and 0.86-0.87; rows of 128 values
+    1.05-1.09, inside what two copies of the same code read there (up to 1.34: see
+    ``benchmarks/compare_kernels.py``). (The terms in a loop of their own after the dx loop, both on the
+    piece in L1: float32 1.07-1.11 on rows of 768-4096 values. A pipeline one row deep, the terms of row n
+    in the loop that reads row n + 1 from DRAM for its sums, so that the one's loads overlap the other's
+    arithmetic: float32 rows of 1024 and 4096 values 0.99-1.20 and 1.09-1.22, and rows of 128 values 0.98
+    in one process, 1.81 in the next.)"""
+    mh, ml, r, proj, mdx = _dx_scalars(xb, mu, r, proj, mdx)
     if fixed:
         for i in range(xb.shape[0]):
-            dxb[i] = dyb[i] * w[i] * rx
-            _add_affine_terms(pdw, pdb, i, dyb[i], xb[i], mu, r)
+            d = dyb[i]
+            dxb[i] = d * w[i] * r
+            tw[i] += d * _xhat(xb[i], mh, ml, r)
+            tb[i] += d
     else:
         for i in range(xb.shape[0]):
-            dxb[i] = _dx(dyb[i], w[i], xb[i], mh, ml, rx, proj, mdx)
-            _add_affine_terms(pdw, pdb, i, dyb[i], xb[i], mu, r)
+            d = dyb[i]
+            xh = _xhat(xb[i], mh, ml, r)
+            dxb[i] = _dx(d, w[i], xh, r, proj, mdx)
+            tw[i] += d * xh
+            tb[i] += d
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
-def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine, pdw, pdb):
+def _fold_terms(tw, tb, pw, pb):
+    """pw += tw and pb += tb in float64, then tw = tb = 0: the term sums of a block of up to TERM_BLOCK_ROWS
+    rows into the float64 partial rows.
+
+    For float32 data the terms and their sums over the block are float32 (16 lanes per 512-bit register,
+    and no conversions): ``benchmarks/compare_kernels.py --cold`` (2 threads, the AMD VM) took the float32
+    LayerNorm backward of rows of 1024 and 4096 values 0.86 of the time against float64 terms, of 128 and
+    768 values 0.97, float64 data (the same arithmetic, in blocks) 0.94-0.98. The price is the float32
+    error bound on dweight and dbias in the module docstring: (TERM_BLOCK_ROWS + 8) u sum|dy * xhat|."""
+    for i in range(tw.shape[0]):
+        pw[i] += np.float64(tw[i])
+        pb[i] += np.float64(tb[i])
+        tw[i] = 0.0
+        tb[i] = 0.0
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine, tw, tb):
     """``_dx_row`` (with ``affine``, ``_dx_row_affine``) into dxb, streamed through ``scratch`` with ``stream``."""
     c = scratch.shape[0] if stream else xb.shape[0]
     for j0 in range(0, xb.shape[0], c):
         j1 = min(xb.shape[0], j0 + c)
         out = scratch[: j1 - j0] if stream else dxb[j0:j1]
         if affine:
-            _dx_row_affine(dyb[j0:j1], xb[j0:j1], out, w[j0:j1], mu, r, proj, mdx, fixed, pdw[j0:j1], pdb[j0:j1])
+            _dx_row_affine(dyb[j0:j1], xb[j0:j1], out, w[j0:j1], mu, r, proj, mdx, fixed, tw[j0:j1], tb[j0:j1])
         else:
             _dx_row(dyb[j0:j1], xb[j0:j1], out, w[j0:j1], mu, r, proj, mdx, fixed)
         if stream:
@@ -692,7 +721,7 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S):
                 dxs[s] = dys[s] * wk * r
         else:
             for s in range(S):
-                dxs[s] = _dx(dys[s], wk, xs[s], mh, ml, r, proj, mdx)
+                dxs[s] = _dx(dys[s], wk, _xhat(xs[s], mh, ml, r), r, proj, mdx)
         if has_mask:
             for s in range(S):
                 if not mrow[s]:
@@ -811,19 +840,23 @@ def _forward_groups(
 
 @_item
 def _backward_rows(
-    dy3, x3, mean2, rstd2, wg, use_mean, fixed, dx3, affine, pw, pb, g, n_first, n_last, scratch, stream
+    dy3, x3, mean2, rstd2, wg, use_mean, fixed, dx3, affine, pw, pb, terms, g, n_first, n_last, scratch, stream
 ):
     """Backward of the rows (n, g), n = n_first..n_last-1, each with its own statistics; dweight and
-    dbias terms into the partial rows pw, pb."""
+    dbias terms into the partial rows pw, pb, summed first over blocks of TERM_BLOCK_ROWS rows in the
+    zeroed rows ``terms`` (2, L) of x's dtype (``_fold_terms``)."""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     wg, pw, pb = _borrowed(wg), _borrowed(pw), _borrowed(pb)
+    tw, tb = _borrowed(terms[0]), _borrowed(terms[1])
     L = x3.shape[2]
     for n in range(n_first, n_last):
         mu = mean2[n, g] if use_mean else 0.0
         r = rstd2[n, g]
         A, B = (0.0, 0.0) if fixed else _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
         mdx = A / L if use_mean else 0.0
-        _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, affine, pw, pb)
+        _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, affine, tw, tb)
+        if affine and ((n + 1 - n_first) % TERM_BLOCK_ROWS == 0 or n == n_last - 1):
+            _fold_terms(tw, tb, pw, pb)
 
 
 @_item
@@ -915,9 +948,11 @@ def _backward_kernel(
         n_last = min(N, n_first + per_chunk)
         scratch = np.empty(_scratch_len(L, S, rows, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
         if rows:
+            terms = np.zeros((2, L if affine else 0), dtype=x3.dtype)
             _backward_rows(
-                dy3, x3, mean2, rstd2, w2[g], use_mean, fixed, dx3, affine, pw, pb, g, n_first, n_last, scratch, stream
-            )
+                dy3, x3, mean2, rstd2, w2[g], use_mean, fixed, dx3, affine, pw, pb, terms, g, n_first, n_last, scratch,
+                stream,
+            )  # fmt: skip
         else:
             _backward_groups(
                 dy3, x3, mean2, rstd2, w2[g], use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pw, pb,
