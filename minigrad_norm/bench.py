@@ -31,13 +31,20 @@ runs hot, to show the caches at work.
 
 This VM's memory bandwidth moves with its neighbours' load, by up to 2x within a
 minute (a STREAM copy timed before and after one row read 34 GB/s in one row and
-79 in another of the same run), so each row also times plain kernels that move a
-direction's bytes, in the same rounds: "copy x" (a forward's), "triad x" (a
-backward's). "% plain x" is the time they take (both for forward+backward) over
-the time of numba out=: the kernel against the same bytes moved by ordinary
-loads and stores at the same moment and in the same cache state. (For an x under
-DRAM_SIZED_BYTES their output can stay in the L3 through their call, while the
-kernels stream big outputs to memory: there it flatters the plain kernels.)
+79 in another of the same run), so STREAM's copy and triad are timed in every
+row's rounds, beside the implementations: the bandwidth of the same moments. (Timed
+before and after the row, STREAM could read one state of the machine and the
+kernels another: in 30 interleaved rounds of LayerNorm 65536x128 float32, the
+triad ran at 45-54 GB/s in the first 21 and at 70-98 in the last 9, while the
+forward+backward stayed at 38-44 GB/s: 74-89 % of the triad, then 43-60 %, two
+outlying rounds left out.) Each
+row also times plain kernels that move a direction's bytes, in the
+same rounds: "copy x" (a forward's), "triad x" (a backward's). "% plain x" is the
+time they take (both for forward+backward) over the time of numba out=: the
+kernel against the same bytes moved by ordinary loads and stores at the same
+moment and in the same cache state. (For an x under DRAM_SIZED_BYTES their output
+can stay in the L3 through their call, while the kernels stream big outputs to
+memory: there it flatters the plain kernels.)
 The kernels are called at the ndarray level on each norm's 4-D view (see
 ``minigrad_norm.kernels.reference``), as the norm layers call them.
 
@@ -76,6 +83,8 @@ IMPLS = ("numpy", "numba 1t", "numba", "numba out=", "torch 1t", "torch", "copy 
 # the plain kernels each direction's bytes are compared with ("% plain x"), and the bytes each moves, per |x|
 PLAIN = {"fwd": ("copy x",), "bwd": ("triad x",), "fwd+bwd": ("copy x", "triad x")}
 PLAIN_BYTES_PER_X = {"copy x": 2, "triad x": 3}
+# the STREAM kernels timed in every row's rounds, the bandwidth its "% copy" and "% triad" are fractions of
+STREAM_KERNELS = ("copy", "triad")
 DRAM_SIZED_BYTES = 16 * 2**20
 
 
@@ -355,7 +364,7 @@ class Row:
     direction: str
     bytes: int
     ms: dict[str, float]  # implementation -> median milliseconds
-    stream: dict[str, float]  # STREAM copy and triad GB/s (all threads): the higher of before and after this row
+    stream: dict[str, float]  # STREAM copy and triad GB/s (all threads), timed in this row's rounds
     cold: bool = True  # each call timed from empty caches (else hot, in a loop)
 
     def gbps(self, impl: str) -> float | None:
@@ -476,9 +485,9 @@ def time_case(
     impls: Sequence[str],
     cold: bool = True,
 ) -> Row:
-    """One row: STREAM copy and triad on all threads just before (the bandwidth of the same moment: the
-    machine is shared), then every implementation but NumPy interleaved round by round, then the NumPy
-    reference on its own (it is slow), then STREAM again; the row keeps the higher of the two. ``cold``:
+    """One row: every implementation but NumPy, and STREAM copy and triad on all threads, interleaved round
+    by round (the bandwidth of the same moments: the machine is shared), then the NumPy reference on its
+    own (it is slow). ``cold``:
     each timed call starts from empty caches (``Stream.evict``), so that x and dy come from DRAM, as the
     bandwidth fractions assume; else each runs hot, as in a loop that repeats it on the same arrays."""
     from minigrad_norm.kernels import numba_cpu
@@ -495,16 +504,14 @@ def time_case(
     if torch is not None:
         plan["torch 1t"] = (1, torch_runner(torch, p, direction))
         plan["torch"] = (all_threads, torch_runner(torch, p, direction))
-    before = stream.measure([all_threads], 0.05)
     plan = {k: v for k, v in plan.items() if k in impls}
+    for name in STREAM_KERNELS:
+        plan[f"STREAM {name}"] = (all_threads, stream.kernels[name])
     evict = stream.evict if cold else None
     ms = {impl: 1e3 * t for impl, t in interleaved_medians(plan, torch, reps, budget, WARMUP_CALLS, evict).items()}
+    bandwidth = {name: stream.bytes[name] / (1e-3 * ms.pop(f"STREAM {name}")) / 1e9 for name in STREAM_KERNELS}
     if "numpy" in impls:
         ms["numpy"] = 1e3 * median_time(kernel_runner(reference, p, direction, False), reps, budget, evict)
-    # the higher of STREAM just before and just after the row: a neighbour's burst of load during one of
-    # them cannot make the row's fraction of the bandwidth look higher than it is
-    after = stream.measure([all_threads], 0.05)
-    bandwidth = {k.split()[0]: max(before[k], after[k]) for k in before}
     nbytes = BYTES_PER_X[direction] * p.x.nbytes
     return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold)
 
@@ -718,8 +725,7 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "(from the buffer pool, minigrad_norm.kernels.buffers), 'out=' = preallocated (64-byte aligned); "
         "torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
         "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|); '% copy'/'% triad' compare it with STREAM copy/triad on all "
-        "threads, timed just before and just after that row, the higher of the two ('copy GB/s'); "
-        "the other implementations are timed round-robin, "
+        "threads ('copy GB/s'), timed in the same rounds as the implementations: round-robin, "
         f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own; "
         "'% plain x' is the time of plain kernels moving the same bytes, timed in the same rounds ('copy x' "
         "= a copy of x, a forward's bytes; 'triad x' = x + 3 dy, a backward's; both for fwd+bwd), over the time "

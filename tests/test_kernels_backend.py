@@ -184,16 +184,27 @@ def test_bench_runs_end_to_end(tmp_path):
     json.dumps(report.to_json())
 
 
-def test_bench_row_keeps_the_higher_stream_rate_of_before_and_after(monkeypatch):
-    """STREAM runs just before and just after a row, and the row keeps the higher rate of each kernel:
-    a burst of load during one measurement must not make the kernels' fraction look higher."""
+def test_bench_times_stream_in_the_rows_own_rounds(monkeypatch):
+    """A row's STREAM copy and triad are timed in the same interleaved rounds as the implementations (the
+    bandwidth of the same moments), not measured around the row; their GB/s come from those medians."""
     stream = bench.Stream(quick=True)
-    readings = iter([{"copy 1t": 10.0, "triad 1t": 30.0}, {"copy 1t": 20.0, "triad 1t": 15.0}])
-    monkeypatch.setattr(stream, "measure", lambda *args, **kwargs: next(readings))
+    monkeypatch.setattr(stream, "measure", lambda *a, **k: pytest.fail("STREAM measured outside the rounds"))
+    seen = {}
+
+    def fake_medians(plan, torch, min_rounds, budget_s, warmup_calls=1, before_timed=None):
+        seen.update(plan)
+        return {name: 1e-3 * (i + 1) for i, name in enumerate(plan)}  # made-up medians: 1, 2, 3... ms
+
+    monkeypatch.setattr(bench, "interleaved_medians", fake_medians)
     p = bench.Problem.make(bench.layer_norm_case(8, 16), np.dtype(np.float64))
-    row = bench.time_case(p, "fwd", None, stream, 1, quick=True, impls=("numba out=",), cold=False)
-    assert row.stream == {"copy": 20.0, "triad": 30.0}
-    assert next(readings, None) is None  # measured twice, no more
+    row = bench.time_case(p, "fwd", None, stream, 2, quick=True, impls=("numba out=",), cold=False)
+    names = list(seen)
+    assert names == ["numba out=", "STREAM copy", "STREAM triad"]
+    assert seen["STREAM copy"] == (2, stream.kernels["copy"]) and seen["STREAM triad"] == (2, stream.kernels["triad"])
+    assert row.ms == {"numba out=": 1.0}
+    assert row.stream == pytest.approx(
+        {"copy": stream.bytes["copy"] / 2e-3 / 1e9, "triad": stream.bytes["triad"] / 3e-3 / 1e9}
+    )
 
 
 def test_bench_compares_each_direction_with_plain_kernels_of_the_same_bytes():
