@@ -688,6 +688,9 @@ def target_summary(report: Report) -> list[str]:
         f"fwd+bwd at DRAM sizes, numba out=, % of triad (copy): "
         f"{span([_percent(r, 'numba out=', 'triad') for r in fb], '%')} "
         f"({span([_percent(r, 'numba out=', 'copy') for r in fb], '%')}); target >= 70%",
+        f"  (the same rows in GB/s: numba out= {span([r.gbps('numba out=') for r in fb], '')}, "
+        f"STREAM triad in their rounds {span([r.stream['triad'] for r in fb], '')}: the fraction moves with "
+        "the machine's memory, the kernels' rate much less)",
         f"fwd+bwd at DRAM sizes, torch / numba, both allocating, all threads: "
         f"{span([_ratio(r.ms.get('torch'), r.ms.get('numba')) for r in fb], 'x')}; target >= 2x",
         f"  (where below 2x, twice PyTorch's own rate, in % of triad: {', '.join(below_2x) or 'none'})",

@@ -271,6 +271,21 @@ def test_bench_summary_compares_one_thread_with_one_thread():
     assert any("on one thread, torch 1t / numba 1t" in t and "1.2x .. 3.1x" in t for t in lines)
 
 
+def test_bench_summary_gives_the_rates_behind_the_fractions():
+    """Beside the fwd+bwd fractions of the triad, the summary gives the kernels' GB/s and the triad's in
+    the same rows, so that a fraction that moved with the machine's memory can be told from a slower kernel."""
+    x_bytes = 5 * 32 * 2**20
+
+    def row(triad: float, kernel_gbps: float) -> bench.Row:
+        ms = {"numba out=": x_bytes / (kernel_gbps * 1e9) * 1e3}
+        return bench.Row("layer_norm", (4, 4), "float32", "fwd+bwd", x_bytes, ms, {"copy": triad, "triad": triad})
+
+    report = bench.Report({}, {}, [row(50.0, 40.0), row(90.0, 45.0)], [], {}, False)
+    lines = bench.target_summary(report)
+    assert any("% of triad" in t and "50% .. 80%" in t for t in lines)
+    assert any("numba out= 40.0 .. 45.0" in t and "STREAM triad in their rounds 50.0 .. 90.0" in t for t in lines)
+
+
 def test_bench_times_each_implementation_in_its_own_steady_state():
     """A call that runs slowly after another implementation (a thread pool to wake, caches to refill),
     here for its first two calls, must not be timed in that state: with three untimed calls before
