@@ -421,6 +421,7 @@ def interleaved_medians(
     budget_s: float,
     warmup_calls: int = 1,
     before_timed: Callable[[], Any] | None = None,
+    one_warmup: Sequence[str] = (),
 ) -> dict[str, float]:
     """Median seconds per implementation, timed in rounds (one timed call of each per round, each on its
     own thread count) so that a change in the machine's load hits all of them alike.
@@ -441,7 +442,8 @@ def interleaved_medians(
     slower than its twin elsewhere in the round (numba allocating vs ``out=``, identical work).
 
     ``before_timed`` (untimed) runs between the warm-up calls and the timed one: ``Stream.evict``, for
-    a timing from cold caches."""
+    a timing from cold caches. The implementations named in ``one_warmup`` get one untimed call: the NumPy
+    reference, which is slow and has no thread pool or compiled state to settle."""
     import numba
 
     def on_threads(n: int) -> None:
@@ -460,7 +462,7 @@ def interleaved_medians(
             for name in order:
                 threads, fn = plan[name]
                 on_threads(threads)
-                for _ in range(warmup_calls):
+                for _ in range(1 if name in one_warmup else warmup_calls):
                     fn()
                 if before_timed is not None:
                     before_timed()
@@ -485,9 +487,8 @@ def time_case(
     impls: Sequence[str],
     cold: bool = True,
 ) -> Row:
-    """One row: every implementation but NumPy, and STREAM copy and triad on all threads, interleaved round
-    by round (the bandwidth of the same moments: the machine is shared), then the NumPy reference on its
-    own (it is slow). ``cold``:
+    """One row: every implementation, and STREAM copy and triad on all threads, interleaved round by round
+    (the bandwidth and the other implementations of the same moments: the machine is shared). ``cold``:
     each timed call starts from empty caches (``Stream.evict``), so that x and dy come from DRAM, as the
     bandwidth fractions assume; else each runs hot, as in a loop that repeats it on the same arrays."""
     from minigrad_norm.kernels import numba_cpu
@@ -504,14 +505,14 @@ def time_case(
     if torch is not None:
         plan["torch 1t"] = (1, torch_runner(torch, p, direction))
         plan["torch"] = (all_threads, torch_runner(torch, p, direction))
+    plan["numpy"] = (1, kernel_runner(reference, p, direction, False))
     plan = {k: v for k, v in plan.items() if k in impls}
     for name in STREAM_KERNELS:
         plan[f"STREAM {name}"] = (all_threads, stream.kernels[name])
     evict = stream.evict if cold else None
-    ms = {impl: 1e3 * t for impl, t in interleaved_medians(plan, torch, reps, budget, WARMUP_CALLS, evict).items()}
+    medians = interleaved_medians(plan, torch, reps, budget, WARMUP_CALLS, evict, one_warmup=("numpy",))
+    ms = {impl: 1e3 * t for impl, t in medians.items()}
     bandwidth = {name: stream.bytes[name] / (1e-3 * ms.pop(f"STREAM {name}")) / 1e9 for name in STREAM_KERNELS}
-    if "numpy" in impls:
-        ms["numpy"] = 1e3 * median_time(kernel_runner(reference, p, direction, False), reps, budget, evict)
     nbytes = BYTES_PER_X[direction] * p.x.nbytes
     return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold)
 
@@ -729,7 +730,7 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
         "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|); '% copy'/'% triad' compare it with STREAM copy/triad on all "
         "threads ('copy GB/s'), timed in the same rounds as the implementations: round-robin, "
-        f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own; "
+        f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own (numpy: 1); "
         "'% plain x' is the time of plain kernels moving the same bytes, timed in the same rounds ('copy x' "
         "= a copy of x, a forward's bytes; 'triad x' = x + 3 dy, a backward's; both for fwd+bwd), over the time "
         "of numba out= (for an x smaller than DRAM_SIZED_BYTES the plain kernels' output can stay in the L3 "

@@ -186,24 +186,26 @@ def test_bench_runs_end_to_end(tmp_path):
 
 def test_bench_times_stream_in_the_rows_own_rounds(monkeypatch):
     """A row's STREAM copy and triad are timed in the same interleaved rounds as the implementations (the
-    bandwidth of the same moments), not measured around the row; their GB/s come from those medians."""
+    bandwidth of the same moments), not measured around the row, and so is the NumPy reference (with one
+    warm-up call); the GB/s come from those medians."""
     stream = bench.Stream(quick=True)
     monkeypatch.setattr(stream, "measure", lambda *a, **k: pytest.fail("STREAM measured outside the rounds"))
     seen = {}
 
-    def fake_medians(plan, torch, min_rounds, budget_s, warmup_calls=1, before_timed=None):
+    def fake_medians(plan, torch, min_rounds, budget_s, warmup_calls=1, before_timed=None, one_warmup=()):
         seen.update(plan)
+        seen["one_warmup"] = tuple(one_warmup)
         return {name: 1e-3 * (i + 1) for i, name in enumerate(plan)}  # made-up medians: 1, 2, 3... ms
 
     monkeypatch.setattr(bench, "interleaved_medians", fake_medians)
     p = bench.Problem.make(bench.layer_norm_case(8, 16), np.dtype(np.float64))
-    row = bench.time_case(p, "fwd", None, stream, 2, quick=True, impls=("numba out=",), cold=False)
-    names = list(seen)
-    assert names == ["numba out=", "STREAM copy", "STREAM triad"]
+    row = bench.time_case(p, "fwd", None, stream, 2, quick=True, impls=("numba out=", "numpy"), cold=False)
+    assert list(seen) == ["numba out=", "numpy", "STREAM copy", "STREAM triad", "one_warmup"]
+    assert seen["one_warmup"] == ("numpy",)
     assert seen["STREAM copy"] == (2, stream.kernels["copy"]) and seen["STREAM triad"] == (2, stream.kernels["triad"])
-    assert row.ms == {"numba out=": 1.0}
+    assert row.ms == {"numba out=": 1.0, "numpy": 2.0}
     assert row.stream == pytest.approx(
-        {"copy": stream.bytes["copy"] / 2e-3 / 1e9, "triad": stream.bytes["triad"] / 3e-3 / 1e9}
+        {"copy": stream.bytes["copy"] / 3e-3 / 1e9, "triad": stream.bytes["triad"] / 4e-3 / 1e9}
     )
 
 
@@ -308,6 +310,11 @@ def test_bench_times_each_implementation_in_its_own_steady_state():
     # one untimed call is not enough for this implementation: the harness would time the second slow call
     last.clear()
     assert all(m > 0.015 for m in bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=1).values())
+    # ... nor for one named in one_warmup, which gets one untimed call, not warmup_calls
+    last.clear()
+    medians = bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=3, one_warmup=("b",))
+    assert medians["a"] < 0.01 < 0.015 < medians["b"]
+    assert last.count("a") == 2 * last.count("b") == 20
 
 
 def test_bench_runs_before_timed_right_before_each_timed_call():
