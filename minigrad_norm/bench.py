@@ -37,14 +37,13 @@ before and after the row, STREAM could read one state of the machine and the
 kernels another: in 30 interleaved rounds of LayerNorm 65536x128 float32, the
 triad ran at 45-54 GB/s in the first 21 and at 70-98 in the last 9, while the
 forward+backward stayed at 38-44 GB/s: 74-89 % of the triad, then 43-60 %, two
-outlying rounds left out.) Each
-row also times plain kernels that move a direction's bytes, in the
-same rounds: "copy x" (a forward's), "triad x" (a backward's). "% plain x" is the
-time they take (both for forward+backward) over the time of numba out=: the
-kernel against the same bytes moved by ordinary loads and stores at the same
-moment and in the same cache state. (For an x under DRAM_SIZED_BYTES their output
-can stay in the L3 through their call, while the kernels stream big outputs to
-memory: there it flatters the plain kernels.)
+outlying rounds left out.) Each row also times plain kernels that move a
+direction's bytes, in the same rounds: "copy x" (a forward's), "triad x" (a
+backward's). "% plain x" is the time they take (both for forward+backward) over
+the time of numba out=: the kernel against the same bytes moved by ordinary
+loads and stores at the same moment and in the same cache state. (For an x under
+DRAM_SIZED_BYTES their output can stay in the L3 through their call, while the
+kernels stream big outputs to memory: there it flatters the plain kernels.)
 The kernels are called at the ndarray level on each norm's 4-D view (see
 ``minigrad_norm.kernels.reference``), as the norm layers call them.
 
@@ -149,17 +148,13 @@ def sweep_cases(quick: bool) -> list[Case]:
 # timing
 
 
-def median_time(
-    fn: Callable[[], Any], min_repeats: int, budget_s: float, before_timed: Callable[[], Any] | None = None
-) -> float:
+def median_time(fn: Callable[[], Any], min_repeats: int, budget_s: float) -> float:
     """Median wall time of ``fn`` after one warm-up call: at least ``min_repeats`` runs, more
-    while within ``budget_s`` (at most 100), each right after ``before_timed`` when given."""
+    while within ``budget_s`` (at most 100)."""
     fn()
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < min_repeats or (time.perf_counter() - start < budget_s and len(times) < 100):
-        if before_timed is not None:
-            before_timed()
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)

@@ -333,8 +333,6 @@ def test_bench_runs_before_timed_right_before_each_timed_call():
     plan = {"a": (1, call), "b": (1, call)}
     medians = bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=2, before_timed=evict)
     assert all(m < 0.01 for m in medians.values()), medians
-    assert bench.median_time(call, 5, 0.0, before_timed=evict) < 0.01
-    assert bench.median_time(call, 3, 0.0) > 0.015
 
 
 @pytest.mark.parametrize(
