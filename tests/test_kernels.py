@@ -691,3 +691,19 @@ def test_numba_hands_what_it_cannot_take_to_the_reference(rng):
     y = numba_cpu.norm_forward(x, None, None, EPS, reduce_batch=True, stats=stats)[0]
     assert np.iscomplexobj(y)
     np.testing.assert_array_equal(y, reference.norm_forward(x, None, None, EPS, reduce_batch=True, stats=stats)[0])
+
+
+def test_the_streaming_forward_prefetches_the_block_its_thread_reads_next():
+    """``_block_ahead``: the same block of the next channel (BatchNorm: a work item is a channel), else the
+    block of the next group in the item; nothing past the item's last group, the last channel, or with
+    prefetching off. The prefetch is only a hint (the streaming test above holds the values), so this is
+    where a wrong choice would show."""
+    x3 = np.arange(4 * 3 * 5, dtype=np.float32).reshape(4, 3, 5)
+    ahead = numba_cpu._block_ahead
+    np.testing.assert_array_equal(ahead(x3, 2, 0, 99, 1, True, True), x3[2, 1])
+    assert ahead(x3, 2, 2, 99, 3, True, True).size == 0  # the last channel
+    np.testing.assert_array_equal(ahead(x3, 1, 1, 5, 8, False, True), x3[1, 2])  # group 5 = (n, g) (1, 2)
+    np.testing.assert_array_equal(ahead(x3, 1, 1, 6, 8, False, True), x3[2, 0])
+    assert ahead(x3, 1, 1, 8, 8, False, True).size == 0  # past the item's last group
+    assert ahead(x3, 1, 1, 5, 8, False, False).size == 0
+    assert ahead(x3, 2, 0, 99, 1, True, False).size == 0

@@ -72,7 +72,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
   RMSNorm) take loops of their own, which LLVM compiles to much less per-row work than the
   general ones (half the time on 64-128 value rows). The forward row loop prefetches short
   rows (see ``_rows_ahead``); the forward of other blocks computes their statistics two blocks at
-  a time (see ``_forward_groups``). The dweight/dbias sums over (n, s) go
+  a time (see ``_forward_groups``) and, when it streams its output, prefetches the next block into L2 while
+  it writes one (``_block_ahead``). The dweight/dbias sums over (n, s) go
   through per-chunk float64 partial buffers ``(n_chunks, G, K)``, summed at the end in
   chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so
   the result is bit-identical on 1 or many threads.
@@ -255,10 +256,14 @@ def _borrowed(typingctx, a):
     return a(a), codegen
 
 
-@intrinsic
-def _prefetch(typingctx, a, i):
-    """Ask for the cache line holding a[i] to be brought into L1 (``prefetcht0`` on x86): a hint, so
-    it neither waits for the line nor faults, whatever the address."""
+@intrinsic(prefer_literal=True)
+def _prefetch(typingctx, a, i, level):
+    """Ask for the cache line holding a[i] to be brought into L1 (``level`` 1: ``prefetcht0`` on x86) or
+    L2 (``level`` 2: ``prefetcht1``), a constant: a hint, so it neither waits for the line nor faults,
+    whatever the address."""
+    if not isinstance(level, nbtypes.IntegerLiteral) or level.literal_value not in (1, 2):
+        return None
+    locality = 4 - level.literal_value  # LLVM's temporal locality: 3 keeps the line in L1, 2 in L2
 
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
@@ -268,18 +273,25 @@ def _prefetch(typingctx, a, i):
         fn = builder.module.declare_intrinsic(
             "llvm.prefetch", [ptr.type], ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
         )
-        # (address, read, highest temporal locality: into L1, data cache)
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        # (address, read, temporal locality, data cache)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 
-    return nbtypes.none(a, i), codegen
+    return nbtypes.none(a, i, level), codegen
 
 
 @numba.njit(cache=True, inline="always")
 def _prefetch_row(row):
-    """_prefetch every cache line of a contiguous row."""
+    """_prefetch every cache line of a contiguous row into L1."""
     for i in range(0, row.shape[0], _STREAM_BYTES // row.itemsize):
-        _prefetch(row, i)
+        _prefetch(row, i, 1)
+
+
+@numba.njit(cache=True, inline="always")
+def _prefetch_run_l2(run):
+    """_prefetch every cache line of a contiguous run into L2."""
+    for i in range(0, run.shape[0], _STREAM_BYTES // run.itemsize):
+        _prefetch(run, i, 2)
 
 
 @numba.njit(cache=True, inline="always")
@@ -298,23 +310,24 @@ def _rows_ahead(L, itemsize):
     Rows of 1024 values gained nothing clear (0.90-1.07), so longer rows are left to the hardware; so
     did the backward, prefetching its x and dy rows (0.84-1.08 by view and run), so it does not.
     From cold caches (``compare_kernels.py --cold``), prefetching rows of up to 16 KiB, 8 KiB ahead,
-    took float32 rows of 768, 1024 and 4096 values 0.90-0.93, 0.90-0.92 and 0.94 of the time, but
-    hot 1.04, 1.15 and 1.09; float64 rows gained nothing cold (0.95-1.04). Not taken: a trade of the
-    hot loop for the cold call. (Nor a BatchNorm forward prefetching the next channel into L2 while
-    it normalizes one: 0.95-1.03 cold, 1.09 hot. Nor, for InstanceNorm/GroupNorm/BatchNorm, the
-    first 16 KiB of the next block into L1, and for rows up to 16 KiB the next row, only for inputs
-    of 16 MiB or more: a pass that only sums float32 blocks of 3136 values took 1.05 ms instead of
-    1.56 from cold caches, but the whole forward 0.91-0.99 (InstanceNorm, BatchNorm) and 0.97-0.99
-    (GroupNorm, LayerNorm) by run, and hot, where such an input may still be in this VM's L3,
-    1.03-1.14. Into L2, ``prefetcht1``, the pass that only sums gained nothing. Nor the first 8 KiB
-    of the next x and dy blocks in an InstanceNorm/GroupNorm backward: 1.00-1.02 cold, 1.11-1.13 hot.)
-    Those were measured on the Intel VM. On the AMD EPYC (Zen 4) VM the short-row prefetch took float32
-    rows of 64-256 values 1.05-1.10 of the time hot, 1.03-1.09 cold, float64 rows 0.97-1.11: a little
-    slower, kept for the Intel machines it helps. Rows of up to 16 KiB, 8 KiB ahead, took there float32
-    rows of 4096, 768 and 1024 values 1.10, 1.29 and 1.15 of the time cold, 1.11, 1.26, 1.28 hot. Nor,
-    for rows of 16 KiB or more, each 1 KiB piece of the next row into L2 (``prefetcht1``) as the normalize
-    pass reaches it: 0.88-0.91 of the time on the Intel VM (LayerNorm 512x4096, cold), but on the AMD VM
-    of CPU family 26 (Zen 5, LLVM's ``znver5``) float32 1.21 cold and 1.13 hot, float64 1.00 and 0.98."""
+    took float32 rows of 768, 1024 and 4096 values 0.90-0.93, 0.90-0.92 and 0.94 of the time, but hot
+    1.04, 1.15 and 1.09; float64 rows gained nothing cold (0.95-1.04). Not taken: a trade of the hot
+    loop for the cold call. (Nor a BatchNorm forward prefetching the next channel into L2 while it
+    normalizes one: 0.95-1.03 cold, 1.09 hot; on the AMD VM it is taken, see ``_block_ahead``. Nor, for
+    InstanceNorm/GroupNorm/BatchNorm, the first 16 KiB of the next block into L1, and for rows up to 16
+    KiB the next row, only for inputs of 16 MiB or more: a pass that only sums float32 blocks of 3136
+    values took 1.05 ms instead of 1.56 from cold caches, but the whole forward 0.91-0.99 (InstanceNorm,
+    BatchNorm) and 0.97-0.99 (GroupNorm, LayerNorm) by run, and hot, where such an input may still be in
+    this VM's L3, 1.03-1.14. Into L2, ``prefetcht1``, the pass that only sums gained nothing. Nor the
+    first 8 KiB of the next x and dy blocks in an InstanceNorm/GroupNorm backward: 1.00-1.02 cold,
+    1.11-1.13 hot.) Those were measured on the Intel VM. On the AMD EPYC (Zen 4) VM the short-row
+    prefetch took float32 rows of 64-256 values 1.05-1.10 of the time hot, 1.03-1.09 cold, float64 rows
+    0.97-1.11: a little slower, kept for the Intel machines it helps. Rows of up to 16 KiB, 8 KiB ahead,
+    took there float32 rows of 4096, 768 and 1024 values 1.10, 1.29 and 1.15 of the time cold, 1.11,
+    1.26, 1.28 hot. Nor, for rows of 16 KiB or more, each 1 KiB piece of the next row into L2
+    (``prefetcht1``) as the normalize pass reaches it: 0.88-0.91 of the time on the Intel VM (LayerNorm
+    512x4096, cold), but on the AMD VM of CPU family 26 (Zen 5, LLVM's ``znver5``) float32 1.21 cold and
+    1.13 hot, float64 1.00 and 0.98."""
     row_bytes = L * itemsize
     if row_bytes == 0 or row_bytes > PREFETCH_MAX_ROW_BYTES:
         return 0
@@ -782,6 +795,33 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
         g = g + 1 if g + 1 < G else 0
 
 
+@numba.njit(cache=True, inline="always")
+def _block_ahead(x3, n, g, p_next, last, reduce_batch, prefetch):
+    """The block a streaming ``_forward_groups`` prefetches into L2, piece by piece, while it normalizes and
+    streams out block (n, g): the block whose statistics its thread reads next. That is block n of the next
+    channel (with ``reduce_batch`` a work item is one channel, and numba's prange gives each thread a run of
+    consecutive items), else the block of group ``p_next`` (the next pair's, or the next one's); empty when
+    there is none in the item, or without ``prefetch``.
+
+    The statistics pass of a block reads it from DRAM with nothing written meanwhile, and the normalize pass
+    writes it with nothing read: with the next block's lines requested while this one is streamed out, reads
+    and writes overlap, as in a copy. ``benchmarks/compare_kernels.py`` (2 threads, the AMD VM of CPU family
+    26, 32x64x56x56, against no prefetch) took from cold caches float32 BatchNorm 0.89-0.92 of the time
+    (three runs), InstanceNorm 0.94-1.01, float64 0.99 both; hot float32 BatchNorm 1.06-1.09, InstanceNorm
+    0.94-0.96, float64 BatchNorm 1.03, InstanceNorm 0.95. Unlike the long rows' prefetch (``_rows_ahead``), taken despite the
+    cost hot: it runs only where the output streams, and in a network an x that big was streamed to memory
+    by the kernel that wrote it, so cold is the usual case. An earlier version that also prefetched
+    GroupNorm's blocks (8 channels, K > 1) took its float32 forward 1.10-1.15 of the time cold and 1.07 hot
+    (float64 0.93), so GroupNorm goes without (its float32 forward already ran at about the rate of a copy
+    there); and so does eval-mode BatchNorm, which has no statistics pass to overlap."""
+    if not prefetch:
+        return x3[n, g][:0]
+    if reduce_batch:
+        return x3[n, g + 1] if g + 1 < x3.shape[1] else x3[n, g][:0]
+    G = x3.shape[1]
+    return x3[p_next // G, p_next % G] if p_next < last else x3[n, g][:0]
+
+
 @_item
 def _forward_groups(
     x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S,
@@ -801,10 +841,12 @@ def _forward_groups(
     mask2 = _borrowed(mask2)
     N, G, L = x3.shape
     pairs = not reduce_batch and not has_mask and not stats_given
+    prefetch = K == 1 and not stats_given
     kp, sp = _stream_pieces(K, S, scratch)
     q = first
     while q < last:
         paired = pairs and q + 1 < last
+        step = 2 if paired else 1
         if paired:
             xa, xb = x3[q // G, q % G], x3[(q + 1) // G, (q + 1) % G]
             sum_a, sum_b = _sum_pair(xa, xb) if centered else (0.0, 0.0)
@@ -825,6 +867,7 @@ def _forward_groups(
             for n in range(n0, n1):
                 if stream:  # piece by piece (one call site: each inlined copy of the loops costs compile time)
                     xs, ys, mrow = x3[n, g], y3[n, g], mask2[n]
+                    xn = _block_ahead(x3, n, g, p + step, last, reduce_batch, prefetch)
                     for k in range(0, K, kp):
                         wk, bk = w2[g, k : k + kp], b2[g, k : k + kp]
                         for j0 in range(0, S, sp):
@@ -833,6 +876,7 @@ def _forward_groups(
                             hi = lo + part.shape[0]
                             _normalize_block(xs[lo:hi], part, wk, bk, has_b, mrow[j0:j1], has_mask, mu, r, kp, j1 - j0)
                             _stream_copy(part, ys[lo:hi])
+                            _prefetch_run_l2(xn[lo:hi])
                 else:
                     _normalize_block(x3[n, g], y3[n, g], w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
         q += 2 if paired else 1
