@@ -281,17 +281,10 @@ def _prefetch(typingctx, a, i, level):
 
 
 @numba.njit(cache=True, inline="always")
-def _prefetch_row(row):
-    """_prefetch every cache line of a contiguous row into L1."""
-    for i in range(0, row.shape[0], _STREAM_BYTES // row.itemsize):
-        _prefetch(row, i, 1)
-
-
-@numba.njit(cache=True, inline="always")
-def _prefetch_run_l2(run):
-    """_prefetch every cache line of a contiguous run into L2."""
+def _prefetch_lines(run, level):
+    """_prefetch every cache line of a contiguous run into L``level`` (a constant: inlined, it stays one)."""
     for i in range(0, run.shape[0], _STREAM_BYTES // run.itemsize):
-        _prefetch(run, i, 2)
+        _prefetch(run, i, level)
 
 
 @numba.njit(cache=True, inline="always")
@@ -777,7 +770,7 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
     for q in range(first, last):
         xb = x[q]
         if ahead and q + ahead < last:
-            _prefetch_row(x[q + ahead])
+            _prefetch_lines(x[q + ahead], 1)
         mu = _sum(xb) / L if centered else 0.0
         v = _sum_sq_dev(xb, mu) / L
         mean[q] = mu
@@ -808,18 +801,19 @@ def _block_ahead(x3, n, g, p_next, last, reduce_batch, prefetch):
     and writes overlap, as in a copy. ``benchmarks/compare_kernels.py`` (2 threads, the AMD VM of CPU family
     26, 32x64x56x56, against no prefetch) took from cold caches float32 BatchNorm 0.89-0.92 of the time
     (three runs), InstanceNorm 0.94-1.01, float64 0.99 both; hot float32 BatchNorm 1.06-1.09, InstanceNorm
-    0.94-0.96, float64 BatchNorm 1.03, InstanceNorm 0.95. Unlike the long rows' prefetch (``_rows_ahead``), taken despite the
-    cost hot: it runs only where the output streams, and in a network an x that big was streamed to memory
-    by the kernel that wrote it, so cold is the usual case. An earlier version that also prefetched
-    GroupNorm's blocks (8 channels, K > 1) took its float32 forward 1.10-1.15 of the time cold and 1.07 hot
-    (float64 0.93), so GroupNorm goes without (its float32 forward already ran at about the rate of a copy
-    there); and so does eval-mode BatchNorm, which has no statistics pass to overlap."""
+    0.94-0.96, float64 BatchNorm 1.03, InstanceNorm 0.95. Unlike the long rows' prefetch (``_rows_ahead``),
+    taken despite the cost hot: it runs only where the output streams, and in a network an x that big was
+    streamed to memory by the kernel that wrote it, so cold is the usual case. An earlier version that also
+    prefetched GroupNorm's blocks (8 channels, K > 1) took its float32 forward 1.10-1.15 of the time cold
+    and 1.07 hot (float64 0.93), so GroupNorm goes without (its float32 forward already ran at about the
+    rate of a copy there); and so does eval-mode BatchNorm, which has no statistics pass to overlap."""
+    none = x3[n, g][:0]
     if not prefetch:
-        return x3[n, g][:0]
-    if reduce_batch:
-        return x3[n, g + 1] if g + 1 < x3.shape[1] else x3[n, g][:0]
+        return none
     G = x3.shape[1]
-    return x3[p_next // G, p_next % G] if p_next < last else x3[n, g][:0]
+    if reduce_batch:
+        return x3[n, g + 1] if g + 1 < G else none
+    return x3[p_next // G, p_next % G] if p_next < last else none
 
 
 @_item
@@ -876,10 +870,10 @@ def _forward_groups(
                             hi = lo + part.shape[0]
                             _normalize_block(xs[lo:hi], part, wk, bk, has_b, mrow[j0:j1], has_mask, mu, r, kp, j1 - j0)
                             _stream_copy(part, ys[lo:hi])
-                            _prefetch_run_l2(xn[lo:hi])
+                            _prefetch_lines(xn[lo:hi], 2)
                 else:
                     _normalize_block(x3[n, g], y3[n, g], w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
-        q += 2 if paired else 1
+        q += step
 
 
 @_item
