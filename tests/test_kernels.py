@@ -239,17 +239,31 @@ def test_rows_of_several_groups_split_inside_a_sample(dtype, centered, eval_stat
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("centered", [True, False])
 @pytest.mark.parametrize("eval_stats", [False, True])
-def test_blocks_in_pairs_and_alone(dtype, centered, eval_stats):
+@pytest.mark.parametrize("reduce_batch", [False, True])
+@pytest.mark.parametrize("view", [(65, 2, 5, 3), (65, 2, 1, 7)])
+def test_blocks_in_pairs_and_alone(dtype, centered, eval_stats, reduce_batch, view):
     """Blocks (InstanceNorm/GroupNorm, S > 1): 65 samples of 2 groups are 130 blocks, 3 per forward work
     item, so the forward takes a pair of blocks (straddling two samples in every other item) and one
-    alone. With given statistics it takes no pairs. The offset of the second group tests each block's
-    mean on its own."""
+    alone. With given statistics it takes no pairs. Blocks of one run (K == 1: InstanceNorm) have their
+    backward sums taken in pairs too: the backward's work items hold 3 samples of a group (a pair and
+    one alone) or 2, and a BatchNorm channel (reduce_batch) 32 pairs and one alone. The offset of the
+    second group tests each block's mean on its own."""
     rng = np.random.default_rng(10)
-    x = (rng.standard_normal((65, 2, 5, 3)) + np.array([2.0, -300.0])[:, None, None]).astype(dtype)
-    w = rng.standard_normal((2, 5)).astype(dtype)
+    x = (rng.standard_normal(view) + np.array([2.0, -300.0])[:, None, None]).astype(dtype)
+    w = rng.standard_normal(view[1:3]).astype(dtype)
     dy = rng.standard_normal(x.shape).astype(dtype)
-    case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=False, mask=None, eval_stats=eval_stats)
-    check_case({**case, "centered": centered, "need_affine_grads": True})
+    case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=reduce_batch, mask=None)
+    check_case({**case, "eval_stats": eval_stats, "centered": centered, "need_affine_grads": True})
+
+
+def test_the_backward_items_of_the_pairs_test_hold_pairs_and_blocks_alone():
+    """What ``test_blocks_in_pairs_and_alone`` relies on: its K == 1 view's backward items (chunks of
+    samples) hold 3 samples, a pair and one alone, or 2."""
+    N, G = 65, 2
+    n_chunks = numba_cpu._n_chunks(N, G, 7, reduce_batch=False)
+    per_chunk = -(-N // n_chunks)
+    sizes = {min(N, c * per_chunk + per_chunk) - c * per_chunk for c in range(n_chunks) if c * per_chunk < N}
+    assert sizes == {3, 2}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

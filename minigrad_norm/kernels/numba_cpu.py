@@ -72,7 +72,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
   RMSNorm) take loops of their own, which LLVM compiles to much less per-row work than the
   general ones (half the time on 64-128 value rows). The forward row loop prefetches short
   rows (see ``_rows_ahead``); the forward of other blocks computes their statistics two blocks at
-  a time (see ``_forward_groups``) and, when it streams its output, prefetches the next block into L2 while
+  a time (see ``_forward_groups``; the backward of blocks of one run takes its sums so too,
+  ``_backward_sums_pair``) and, when it streams its output, prefetches the next block into L2 while
   it writes one (``_block_ahead``). The dweight/dbias sums over (n, s) go
   through per-chunk float64 partial buffers ``(n_chunks, G, K)``, summed at the end in
   chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so
@@ -301,7 +302,9 @@ def _rows_ahead(L, itemsize):
     values 0.90-1.05). How much depends on the machine's load: two later runs, with every time about
     1.4x as long, gave 0.97-0.99 (float32, 128 values) and 0.85 (float64, 128), and none was slower.
     Rows of 1024 values gained nothing clear (0.90-1.07), so longer rows are left to the hardware; so
-    did the backward, prefetching its x and dy rows (0.84-1.08 by view and run), so it does not.
+    did the backward, prefetching its x and dy rows (0.84-1.08 by view and run), so it does not (on the
+    AMD VM of CPU family 26, the next row's x and dy prefetched while dx streams out, whole or only their
+    first 512 bytes, took the LayerNorm backward 1.20-1.74 of the time, cold and hot).
     From cold caches (``compare_kernels.py --cold``), prefetching rows of up to 16 KiB, 8 KiB ahead,
     took float32 rows of 768, 1024 and 4096 values 0.90-0.93, 0.90-0.92 and 0.94 of the time, but hot
     1.04, 1.15 and 1.09; float64 rows gained nothing cold (0.95-1.04). Not taken: a trade of the hot
@@ -474,6 +477,28 @@ def _dy_sums(dy, x, m, has_mask, wk, mu, r):
     return a, b, wa, wb
 
 
+@_helper
+def _dy_sums_pair(dya, xa, mu_a, r_a, dyb, xb, mu_b, r_b, wk):
+    """(_dy_sums(dya, xa, ...), _dy_sums(dyb, xb, ...)) for unmasked runs of equal length sharing the weight
+    wk, in one loop: four read streams at once."""
+    a, b, wa, wb = 0.0, 0.0, 0.0, 0.0
+    c, d, wc, wd = 0.0, 0.0, 0.0, 0.0
+    for i in range(dya.shape[0]):
+        xh = (xa[i] - mu_a) * r_a
+        dyv = np.float64(dya[i])
+        a += dyv
+        b += dyv * xh
+        wa += dyv * wk
+        wb += dyv * wk * xh
+        xh = (xb[i] - mu_b) * r_b
+        dyv = np.float64(dyb[i])
+        c += dyv
+        d += dyv * xh
+        wc += dyv * wk
+        wd += dyv * wk * xh
+    return (a, b, wa, wb), (c, d, wc, wd)
+
+
 # ---------------------------------------------------------------------------
 # per-group pieces (plain flags: exact IEEE semantics)
 
@@ -597,10 +622,17 @@ def _scratch_len(L, S, rows, itemsize):
 @numba.njit(cache=True, error_model="numpy", inline="always")
 def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb, affine):
     """A = sum(dxhat), B = sum(dxhat * xhat) over x3[n0:n1, g] (valid positions), adding (with
-    ``affine``) sum(dy * xhat) and sum(dy) per k into the partial buffers pdw, pdb."""
+    ``affine``) sum(dy * xhat) and sum(dy) per k into the partial buffers pdw, pdb. Unmasked blocks of
+    one run each (a BatchNorm channel's) go two at a time (``_backward_sums_pair``)."""
     A = 0.0
     B = 0.0
-    for n in range(n0, n1):
+    n = n0
+    while n < n1:
+        if K == 1 and not has_mask and n + 1 < n1:
+            (wa, wb), (wc, wd) = _backward_sums_pair(dy3, x3, w, mu, r, mu, r, n, g, pdw, pdb, affine)
+            A, B = A + wa + wc, B + wb + wd
+            n += 2
+            continue
         xb = x3[n, g]
         dyb = dy3[n, g]
         for k in range(K):
@@ -610,7 +642,31 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
             if affine:
                 pdw[k] += b
                 pdb[k] += a
+        n += 1
     return A, B
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine):
+    """The sums of ``_backward_sums`` for the unmasked blocks (n, g) and (n + 1, g) of one run each, with
+    statistics (mu_a, r_a) and (mu_b, r_b), in one pass over both (``_dy_sums_pair``): ((A, B) of the one,
+    (A, B) of the other).
+
+    From DRAM, a pass over one block's x and dy waits at each block's start for the hardware prefetcher
+    to catch up; over two blocks it has four streams in flight. ``benchmarks/compare_kernels.py --cold``
+    (2 threads, the AMD VM of CPU family 26, 32x64x56x56, against one block at a time, five runs) took
+    the float32 InstanceNorm backward 0.90-0.99 of the time, BatchNorm 0.94-0.99, float64 0.94-0.95 and
+    0.92-0.94 (the least gained where the memory was slowest); hot 0.97-0.99 (8x64x56x56, inside the L3:
+    1.03-1.04). The same as the forward's pairs (``_forward_groups``), for the same reason."""
+    (a, b, wa, wb), (c, d, wc, wd) = _dy_sums_pair(
+        dy3[n, g], x3[n, g], mu_a, r_a, dy3[n + 1, g], x3[n + 1, g], mu_b, r_b, w[0]
+    )
+    if affine:
+        pdw[0] += b
+        pdb[0] += a
+        pdw[0] += d
+        pdb[0] += c
+    return (wa, wb), (wc, wd)
 
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
@@ -903,20 +959,32 @@ def _backward_groups(
     n_first, n_last, scratch, stream,
 ):  # fmt: skip
     """Backward of the groups of channel g: all N blocks as one (reduce_batch), or the blocks
-    n_first..n_last-1 one by one; dweight and dbias terms into the partial rows pw, pb."""
+    n_first..n_last-1 one by one; dweight and dbias terms into the partial rows pw, pb. Unmasked blocks of
+    one run with statistics of their own (InstanceNorm) have their sums taken two at a time
+    (``_backward_sums_pair``)."""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     wg, mask2, pw, pb = _borrowed(wg), _borrowed(mask2), _borrowed(pw), _borrowed(pb)
     N = x3.shape[0]
     kp, sp = _stream_pieces(K, S, scratch)
-    for j in range(1 if reduce_batch else n_last - n_first):
+    pairs = not reduce_batch and K == 1 and not has_mask and not fixed
+    blocks = 1 if reduce_batch else n_last - n_first
+    pair_sums = ((0.0, 0.0), (0.0, 0.0))
+    for j in range(blocks):
         n0 = 0 if reduce_batch else n_first + j
         n1 = N if reduce_batch else n0 + 1
         mu = mean2[0 if reduce_batch else n0, g] if use_mean else 0.0
         r = rstd2[0 if reduce_batch else n0, g]
         proj = 0.0
         mdx = 0.0
+        paired = pairs and (j | 1) < blocks  # blocks j and j ^ 1 are both the item's
+        if paired and j % 2 == 0:
+            mu_b = mean2[n0 + 1, g] if use_mean else 0.0
+            pair_sums = _backward_sums_pair(dy3, x3, wg, mu, r, mu_b, rstd2[n0 + 1, g], n0, g, pw, pb, affine)
         if not fixed:
-            A, B = _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, affine)
+            if paired:
+                A, B = pair_sums[j % 2]
+            else:
+                A, B = _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, affine)
             count = _group_count(mask2, has_mask, n0, n1, K, S)
             proj = B / count
             mdx = A / count if use_mean else 0.0
