@@ -456,47 +456,36 @@ def _row_dx_sums(dy, x, w, mu, r):
     return a, b
 
 
+@numba.njit(cache=True, inline="always")
+def _with_dy_terms(s, dy, xh, wk):
+    """The four sums s of ``_dy_sums`` with one more value's terms: dy, dy * xhat, dxhat and dxhat * xhat
+    (dxhat = dy * wk)."""
+    dxh = dy * wk
+    return s[0] + dy, s[1] + dy * xh, s[2] + dxh, s[3] + dxh * xh
+
+
 @_helper
 def _dy_sums(dy, x, m, has_mask, wk, mu, r):
     """Over a run of S values sharing the weight wk: sum(dy) and sum(dy * xhat) for dbias/dweight,
     sum(dxhat) and sum(dxhat * xhat) for dx (dxhat = dy * wk), like the reference: masked-out
     positions count as dy = xhat = 0, so whatever they hold (even NaN) reaches no sum."""
-    a = 0.0
-    b = 0.0
-    wa = 0.0
-    wb = 0.0
+    s = (0.0, 0.0, 0.0, 0.0)
     for i in range(dy.shape[0]):
         valid = not has_mask or m[i]
         xh = (x[i] - mu) * r if valid else 0.0
-        dyv = np.float64(dy[i]) if valid else 0.0
-        dxh = dyv * wk
-        a += dyv
-        b += dyv * xh
-        wa += dxh
-        wb += dxh * xh
-    return a, b, wa, wb
+        s = _with_dy_terms(s, np.float64(dy[i]) if valid else 0.0, xh, wk)
+    return s
 
 
 @_helper
 def _dy_sums_pair(dya, xa, mu_a, r_a, dyb, xb, mu_b, r_b, wk):
     """(_dy_sums(dya, xa, ...), _dy_sums(dyb, xb, ...)) for unmasked runs of equal length sharing the weight
     wk, in one loop: four read streams at once."""
-    a, b, wa, wb = 0.0, 0.0, 0.0, 0.0
-    c, d, wc, wd = 0.0, 0.0, 0.0, 0.0
+    s = t = (0.0, 0.0, 0.0, 0.0)
     for i in range(dya.shape[0]):
-        xh = (xa[i] - mu_a) * r_a
-        dyv = np.float64(dya[i])
-        a += dyv
-        b += dyv * xh
-        wa += dyv * wk
-        wb += dyv * wk * xh
-        xh = (xb[i] - mu_b) * r_b
-        dyv = np.float64(dyb[i])
-        c += dyv
-        d += dyv * xh
-        wc += dyv * wk
-        wd += dyv * wk * xh
-    return (a, b, wa, wb), (c, d, wc, wd)
+        s = _with_dy_terms(s, np.float64(dya[i]), (xa[i] - mu_a) * r_a, wk)
+        t = _with_dy_terms(t, np.float64(dyb[i]), (xb[i] - mu_b) * r_b, wk)
+    return s, t
 
 
 # ---------------------------------------------------------------------------
