@@ -179,6 +179,7 @@ def check_case(case: dict) -> None:
             assert_close(g, w, dtype, f"{what}, output {name}", bound)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")  # an all-masked group
 @given(cases())
 def test_numba_equals_reference(case):
     check_case(case)
@@ -495,6 +496,7 @@ def _with_non_finite(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return a
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reduce_batch", [False, True])
 @pytest.mark.parametrize("where", ["x", "dy", "weight"])
@@ -519,6 +521,7 @@ def test_nan_inf_propagate_like_the_reference(dtype, reduce_batch, where):
             check_case({**case, "centered": centered, "eval_stats": eval_stats})
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reduce_batch", [False, True])
 @pytest.mark.parametrize("means", ["infinite", "beyond float32"])
