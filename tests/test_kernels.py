@@ -100,13 +100,18 @@ def float32_bounds(case: dict, mean: np.ndarray, var: np.ndarray, fixed: bool) -
 
 
 @st.composite
-def cases(draw, max_side: int = 9, long_rows: bool = False):
+def cases(draw, max_side: int = 9, long_rows: bool = False, short_run_batch_norm: bool = False):
     """A norm problem on the (N, G, K, S) view, with every option of the kernels; with ``long_rows``
-    small N, G, K and a spatial extent S of thousands (one long group per (n, g))."""
+    small N, G, K and a spatial extent S of thousands (one long group per (n, g)); with
+    ``short_run_batch_norm`` a BatchNorm in runs shorter than COLUMNS_MAX_RUN_BYTES, without a mask (the
+    columns kernels), of up to 80 samples (1 to 5 row chunks)."""
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     shape = tuple(draw(st.integers(1, max_side)) for _ in range(3)) + (draw(st.integers(300, 3000)),)
     if not long_rows:
         shape = shape[:3] + (draw(st.integers(1, max_side)),)
+    if short_run_batch_norm:
+        max_run = (numba_cpu.COLUMNS_MAX_RUN_BYTES - 1) // np.dtype(dtype).itemsize
+        shape = (draw(st.integers(1, 80)), draw(st.integers(1, max_side)), 1, draw(st.integers(1, max_run)))
     N, G, K, S = shape
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     spread = 10.0 ** draw(st.integers(-2, 1))
@@ -123,7 +128,7 @@ def cases(draw, max_side: int = 9, long_rows: bool = False):
     weight = None if affine == "none" else rng.standard_normal((G, K)).astype(dtype)
     bias = rng.standard_normal((G, K)).astype(dtype) if affine == "both" else None
     mask = None
-    if draw(st.booleans()):
+    if not short_run_batch_norm and draw(st.booleans()):
         mask = rng.random((N, S)) < 0.7
         mask[0, 0] = True  # at least one valid value in the first group
     return dict(
@@ -132,7 +137,7 @@ def cases(draw, max_side: int = 9, long_rows: bool = False):
         weight=weight,
         bias=bias,
         centered=draw(st.booleans()),
-        reduce_batch=draw(st.booleans()),
+        reduce_batch=short_run_batch_norm or draw(st.booleans()),
         mask=mask,
         eval_stats=draw(st.booleans()),
         need_affine_grads=draw(st.booleans()),
@@ -183,6 +188,27 @@ def check_case(case: dict) -> None:
 @given(cases())
 def test_numba_equals_reference(case):
     check_case(case)
+
+
+@given(cases(max_side=40, short_run_batch_norm=True))
+def test_batch_norm_in_short_runs(case):
+    """BatchNorm of blocks shorter than COLUMNS_MAX_RUN_BYTES (BatchNorm1d on (N, C): runs of one value) goes
+    to the columns kernels, which walk the batch in memory order with a partial row of sums per chunk."""
+    assert numba_cpu._by_columns(case["x"].shape, case["x"].itemsize, True, None)
+    check_case(case)
+
+
+def test_only_batch_norm_without_a_mask_in_short_runs_goes_by_columns():
+    """Which calls the columns kernels take: BatchNorm, unmasked, one run per block, runs under
+    COLUMNS_MAX_RUN_BYTES."""
+    by_columns = numba_cpu._by_columns
+    for itemsize in (4, 8):
+        longest = (numba_cpu.COLUMNS_MAX_RUN_BYTES - 1) // itemsize
+        assert by_columns((8, 3, 1, longest), itemsize, True, None)
+        assert not by_columns((8, 3, 1, longest + 1), itemsize, True, None)
+    assert not by_columns((8, 3, 1, 1), 4, False, None)  # InstanceNorm: statistics per block
+    assert not by_columns((8, 3, 2, 1), 4, True, None)  # runs of K per block
+    assert not by_columns((8, 3, 1, 1), 4, True, np.ones((8, 1), bool))
 
 
 @given(cases(max_side=3, long_rows=True))
@@ -432,7 +458,8 @@ def test_streaming_is_chosen_for_big_outputs_in_long_or_aligned_blocks():
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize(
-    "view, reduce_batch", [((70, 1, 256, 1), False), ((4, 3, 2, 50), False), ((8, 3, 1, 400), True)]
+    "view, reduce_batch",
+    [((70, 1, 256, 1), False), ((4, 3, 2, 50), False), ((8, 3, 1, 400), True), ((40, 600, 1, 1), True)],
 )
 def test_kernels_free_every_allocation_they_make(monkeypatch, view, reduce_batch, stream):
     """numba's runtime counts its allocations: after repeated calls, every one made (scratch rows) has been
@@ -467,9 +494,13 @@ def test_kernels_free_every_allocation_they_make(monkeypatch, view, reduce_batch
         assert after.mi_alloc - before.mi_alloc == after.mi_free - before.mi_free
 
 
-@pytest.mark.parametrize("shape", [(4096, 1, 64, 1), (8, 16, 2, 2100)])
-def test_bit_identical_across_thread_counts(shape):
-    """dweight/dbias go through fixed per-chunk partial sums: 1 thread and all threads agree bit for bit."""
+@pytest.mark.parametrize(
+    "shape, reduce_batch",
+    [((4096, 1, 64, 1), False), ((8, 16, 2, 2100), False), ((4096, 64, 1, 1), True), ((300, 40, 1, 24), True)],
+)
+def test_bit_identical_across_thread_counts(shape, reduce_batch):
+    """dweight/dbias go through fixed per-chunk partial sums (and BatchNorm's statistics in short runs, the
+    columns kernels', too): 1 thread and all threads agree bit for bit."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal(shape).astype(np.float32)
     dy = rng.standard_normal(shape).astype(np.float32)
@@ -480,8 +511,9 @@ def test_bit_identical_across_thread_counts(shape):
     try:
         for threads in (1, numba.config.NUMBA_NUM_THREADS):
             numba.set_num_threads(threads)
-            y, mean, var = numba_cpu.norm_forward(x, w, None, EPS)
-            results.append((y, mean, var, *numba_cpu.norm_backward(dy, x, mean, 1 / np.sqrt(var + EPS), w)))
+            y, mean, var = numba_cpu.norm_forward(x, w, None, EPS, reduce_batch=reduce_batch)
+            rstd = 1 / np.sqrt(var + EPS)
+            results.append((y, mean, var, *numba_cpu.norm_backward(dy, x, mean, rstd, w, reduce_batch=reduce_batch)))
     finally:
         numba.set_num_threads(previous)
     for one, many in zip(*results):
@@ -500,15 +532,16 @@ def _with_non_finite(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reduce_batch", [False, True])
 @pytest.mark.parametrize("where", ["x", "dy", "weight"])
-def test_nan_inf_propagate_like_the_reference(dtype, reduce_batch, where):
+@pytest.mark.parametrize("shape", [(5, 4, 3, 7), (40, 4, 1, 7)])
+def test_nan_inf_propagate_like_the_reference(dtype, reduce_batch, where, shape):
     """NaN and +-inf in the input give the reference's NaN/inf pattern in every output and gradient,
-    with computed statistics and with given (eval) statistics, so no fastmath flag broke them."""
+    with computed statistics and with given (eval) statistics, so no fastmath flag broke them. (With
+    ``reduce_batch`` the second view, short runs, takes the columns kernels.)"""
     rng = np.random.default_rng(2)
-    shape = (5, 4, 3, 7)
     x = rng.standard_normal(shape).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)
-    w = rng.standard_normal((4, 3)).astype(dtype)
-    b = rng.standard_normal((4, 3)).astype(dtype)
+    w = rng.standard_normal(shape[1:3]).astype(dtype)
+    b = rng.standard_normal(shape[1:3]).astype(dtype)
     if where == "x":
         x = _with_non_finite(x, rng)
     elif where == "dy":
@@ -525,14 +558,15 @@ def test_nan_inf_propagate_like_the_reference(dtype, reduce_batch, where):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reduce_batch", [False, True])
 @pytest.mark.parametrize("means", ["infinite", "beyond float32"])
-def test_given_infinite_or_huge_means_follow_the_reference(dtype, reduce_batch, means):
+@pytest.mark.parametrize("view", [(2, 3, 4, 5), (2, 3, 1, 5)])
+def test_given_infinite_or_huge_means_follow_the_reference(dtype, reduce_batch, means, view):
     """Given statistics with a mean of +inf and -inf (a finite variance), or a float64 mean of 1e39, beyond
     float32's range: y and the fixed-statistics gradients have the reference's values and infinities.
     (An infinite mean has no float32 rounding error to carry; 1e39 has no float32 value at all, and a
     float32 call with it goes to the reference.)"""
     rng = np.random.default_rng(3)
-    x, dy = (rng.standard_normal((2, 3, 4, 5)).astype(dtype) for _ in range(2))
-    w, b = (rng.standard_normal((3, 4)).astype(dtype) for _ in range(2))
+    x, dy = (rng.standard_normal(view).astype(dtype) for _ in range(2))
+    w, b = (rng.standard_normal(view[1:3]).astype(dtype) for _ in range(2))
     mean, var = np.zeros((3,) if reduce_batch else (2, 3)), np.ones((3,) if reduce_batch else (2, 3))
     if means == "infinite":
         mean.flat[:2] = np.inf, -np.inf
