@@ -107,6 +107,11 @@ def layer_norm_case(rows: int, d: int, rms: bool = False) -> Case:
     return Case("rms_norm" if rms else "layer_norm", (rows, d), (rows, 1, d, 1), centered=not rms, has_bias=not rms)
 
 
+def batch_norm1d_case(n: int, c: int) -> Case:
+    """BatchNorm1d on (N, C): runs of one value per (n, c) block (the columns kernels)."""
+    return Case("batch_norm1d", (n, c), (n, c, 1, 1), reduce_batch=True)
+
+
 def channel_case(norm: str, shape: tuple[int, int, int, int], groups: int | None = None) -> Case:
     n, c, h, w = shape
     g = groups or c
@@ -114,7 +119,7 @@ def channel_case(norm: str, shape: tuple[int, int, int, int], groups: int | None
 
 
 def listed_cases() -> list[Case]:
-    """The shapes of issue 4."""
+    """The shapes of issue 4, and BatchNorm1d on (N, C), whose runs of one value take kernels of their own."""
     rows = [(8192, 1024), (65536, 128), (512, 4096), (4096, 768)]
     image = (32, 64, 56, 56)
     return [
@@ -123,6 +128,7 @@ def listed_cases() -> list[Case]:
         channel_case("batch_norm2d", image),
         channel_case("instance_norm2d", image),
         channel_case("group_norm", image, groups=8),
+        batch_norm1d_case(8192, 1024),
     ]
 
 
@@ -135,6 +141,7 @@ def quick_cases() -> list[Case]:
         channel_case("batch_norm2d", image),
         channel_case("instance_norm2d", image),
         channel_case("group_norm", image, groups=8),
+        batch_norm1d_case(4096, 768),
     ]
 
 
@@ -323,10 +330,12 @@ def torch_runner(torch: Any, p: Problem, direction: str) -> Callable[[], Any]:
     w = torch.from_numpy(p.weight.reshape(-1))
     b = torch.from_numpy(p.bias.reshape(-1)) if p.bias is not None else None
     d = case.shape[-1]
+    batch_norm = lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True, eps=EPS)  # noqa: E731
     op = {
         "layer_norm": lambda x, w, b: F.layer_norm(x, (d,), w, b, EPS),
         "rms_norm": lambda x, w, b: F.rms_norm(x, (d,), w, EPS),
-        "batch_norm2d": lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True, eps=EPS),
+        "batch_norm2d": batch_norm,
+        "batch_norm1d": batch_norm,
         "instance_norm2d": lambda x, w, b: F.instance_norm(x, weight=w, bias=b, eps=EPS),
         "group_norm": lambda x, w, b: F.group_norm(x, case.view[1], w, b, EPS),
     }[case.norm]
@@ -774,7 +783,7 @@ def plot(report: Report, path: str) -> None:
     plt.close(fig)
 
 
-NORMS = ("layer_norm", "rms_norm", "batch_norm2d", "instance_norm2d", "group_norm")
+NORMS = ("layer_norm", "rms_norm", "batch_norm2d", "instance_norm2d", "group_norm", "batch_norm1d")
 
 
 def selected_cases(quick: bool, only: Sequence[str] | None = None) -> tuple[list[Case], list[Case]]:

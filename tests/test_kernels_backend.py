@@ -419,6 +419,8 @@ def test_bench_problem_views_match_each_norm():
     assert bench.channel_case("group_norm", (32, 64, 56, 56), groups=8).view == (32, 8, 8, 3136)
     bn = bench.channel_case("batch_norm2d", (32, 64, 56, 56))
     assert bn.view == (32, 64, 1, 3136) and bn.reduce_batch
+    bn1d = bench.batch_norm1d_case(8192, 1024)
+    assert bn1d.view == (8192, 1024, 1, 1) and bn1d.reduce_batch
     rms = bench.layer_norm_case(4, 8, rms=True)
     assert not rms.centered and not rms.has_bias
 
