@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from minigrad_norm import jacobians, nn, ops
@@ -140,7 +140,11 @@ def draw_case(kind: str, data: st.DataObject) -> Case:
 @pytest.mark.parametrize("kind", KINDS)
 @given(data=st.data())
 def test_gradcheck_every_input(kind: str, data: st.DataObject) -> None:
+    """gradcheck on x and the affine parameters. A draw whose Jacobian lies entirely below gradcheck's atol
+    tells a right gradient from none (gradcheck warns), and is drawn again: two values per group without
+    an affine, where xhat is +-sqrt(var / (var + eps)) whatever x is, and dy/dx about eps / var."""
     case = draw_case(kind, data)
+    assume(len(case.inputs) > 1 or np.abs(case.closed(case.inputs[0].data)).max() >= 1e-5)
     assert gradcheck(case.fn, case.inputs, atol=1e-6, rtol=1e-4)
 
 
