@@ -330,7 +330,10 @@ def torch_runner(torch: Any, p: Problem, direction: str) -> Callable[[], Any]:
     w = torch.from_numpy(p.weight.reshape(-1))
     b = torch.from_numpy(p.bias.reshape(-1)) if p.bias is not None else None
     d = case.shape[-1]
-    batch_norm = lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True, eps=EPS)  # noqa: E731
+
+    def batch_norm(x: Any, w: Any, b: Any) -> Any:
+        return F.batch_norm(x, None, None, w, b, training=True, eps=EPS)
+
     op = {
         "layer_norm": lambda x, w, b: F.layer_norm(x, (d,), w, b, EPS),
         "rms_norm": lambda x, w, b: F.rms_norm(x, (d,), w, EPS),

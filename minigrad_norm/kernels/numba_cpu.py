@@ -1108,10 +1108,10 @@ def _column_normalize(x2, y2, mh, ml, r, w, b, has_b, n_first, n_last, scratch, 
             mhs, mls, rs, ws, bs = mh[j0:j1], ml[j0:j1], r[j0:j1], w[j0:j1], b[j0:j1]
             if has_b:
                 for p in range(xs.shape[0]):
-                    out[p] = ((xs[p] - mhs[p]) - mls[p]) * rs[p] * ws[p] + bs[p]
+                    out[p] = _xhat(xs[p], mhs[p], mls[p], rs[p]) * ws[p] + bs[p]
             else:
                 for p in range(xs.shape[0]):
-                    out[p] = ((xs[p] - mhs[p]) - mls[p]) * rs[p] * ws[p]
+                    out[p] = _xhat(xs[p], mhs[p], mls[p], rs[p]) * ws[p]
             if stream:
                 _stream_copy(out, y2[n, j0:j1])
 
