@@ -922,7 +922,12 @@ def _forward_groups(
                             hi = lo + part.shape[0]
                             _normalize_block(xs[lo:hi], part, wk, bk, has_b, mrow[j0:j1], has_mask, mu, r, kp, j1 - j0)
                             _stream_copy(part, ys[lo:hi])
-                            _prefetch_lines(xn[lo:hi], 2)
+                            # guarded, though xn is empty without prefetch: unguarded, the call slowed the
+                            # blocks of short runs (K > 1) around it tens of times over, float32 LayerNorm-shaped
+                            # blocks (K = 2048, S = 1) with given statistics 113 ms against 2.6 on one thread,
+                            # GroupNorm-shaped ones (K = 1024, S = 2) 71 against 7.9 (why is not known)
+                            if prefetch:
+                                _prefetch_lines(xn[lo:hi], 2)
                 else:
                     _normalize_block(x3[n, g], y3[n, g], w2[g], b2[g], has_b, mask2[n], has_mask, mu, r, K, S)
         q += step
@@ -1021,7 +1026,8 @@ def _backward_groups(
 # 0.07; eval mode (given statistics, fixed-statistics backward) 0.05-0.09. Runs of S values, float32 S = 8
 # and 16: 0.38-0.40 and 0.50-0.57; S = 32 (128 bytes) 0.92 and 0.97; S = 49 and 64: 1.4-1.7 and 1.5-1.8;
 # float64 S = 8: 0.39 and 0.57; S = 16 (128 bytes) 0.68 and 1.07; S = 32: 1.40 and 1.77. Hence runs of
-# fewer than COLUMNS_MAX_RUN_BYTES = 128 bytes. (A BatchNorm with a mask keeps the channel walk.)
+# fewer than COLUMNS_MAX_RUN_BYTES = 128 bytes. (A BatchNorm with a mask keeps the channel walk. The backward
+# was measured with four accumulators per position, since two: see _column_dy_sums.)
 
 
 @_item
@@ -1042,22 +1048,46 @@ def _column_sums(x2, mu, square, n_first, n_last, acc):
 
 
 @_item
-def _column_dy_sums(dy2, x2, mu, r, w, n_first, n_last, acc):
-    """The four sums of ``_dy_sums`` position by position over the rows n = n_first..n_last-1, in float64:
-    acc[0..3, p] = the sums of dy, dy * xhat, dxhat and dxhat * xhat (xhat = (x - mu[p]) * r[p], dxhat = dy * w[p])."""
-    dy2, x2, mu, r, w = _borrowed(dy2), _borrowed(x2), _borrowed(mu), _borrowed(r), _borrowed(w)
-    a0, a1, a2, a3 = _borrowed(acc[0]), _borrowed(acc[1]), _borrowed(acc[2]), _borrowed(acc[3])
+def _column_dy_sums(dy2, x2, mu, r, n_first, n_last, acc):
+    """Position by position over the rows n = n_first..n_last-1, in float64: acc[0, p] = the sum of dy and
+    acc[1, p] = the sum of dy * xhat (xhat = (x - mu[p]) * r[p]). Of the four sums of ``_dy_sums`` these two
+    are all a position needs: its weight w[p] is its channel's, the same in every row, so the sums of
+    dxhat = dy * w[p] and dxhat * xhat are w[p] times them (``_column_dxhat_sums``, after the fold). Four
+    accumulators per position, as the sums were first formed here, took the backward of float32 (8192, 1024)
+    1.5x the time of these two (float64 1.25x; compare_kernels.py --cold, 2 threads): a row of them left L1.
+    (Rows of 64 float64 values alone went the other way, four taking 0.90x the time of two: too little work
+    per row to hide the latency of adding into the same accumulators row after row.)"""
+    dy2, x2, mu, r = _borrowed(dy2), _borrowed(x2), _borrowed(mu), _borrowed(r)
+    a0, a1 = _borrowed(acc[0]), _borrowed(acc[1])
     acc[:] = 0.0
     for n in range(n_first, n_last):
         dyr, xr = dy2[n], x2[n]
         for p in range(a0.shape[0]):
             d = np.float64(dyr[p])
-            xh = (xr[p] - mu[p]) * r[p]
-            dxh = d * w[p]
             a0[p] += d
-            a1[p] += d * xh
-            a2[p] += dxh
-            a3[p] += dxh * xh
+            a1[p] += d * ((xr[p] - mu[p]) * r[p])
+
+
+@_item
+def _column_dxhat_sums(dy2, x2, mean1, rstd1, w1, S, sums):
+    """sums[2, c] and sums[3, c], the sums of dxhat = dy * w[c] and dxhat * xhat over channel c, from its sums of
+    dy and dy * xhat in sums[0, c] and sums[1, c]: w[c] times them. Where w[c] is inf or NaN that product would
+    hide the NaN that the terms themselves make (inf * 0, inf + -inf), so the channel is summed term by term,
+    as ``_dy_sums`` forms the terms everywhere else: the reference's NaN/inf pattern, on a path taken by no
+    finite weight."""
+    no_mask = np.empty(0, np.bool_)
+    for c in range(w1.shape[0]):
+        wc = np.float64(w1[c])
+        if math.isfinite(wc):
+            sums[2, c] = wc * sums[0, c]
+            sums[3, c] = wc * sums[1, c]
+        else:
+            sums[2, c] = sums[3, c] = 0.0
+            for n in range(x2.shape[0]):
+                run = slice(c * S, (c + 1) * S)
+                t = _dy_sums(dy2[n, run], x2[n, run], no_mask, False, wc, mean1[c], rstd1[c])
+                sums[2, c] += t[2]
+                sums[3, c] += t[3]
 
 
 @_item
@@ -1187,12 +1217,13 @@ def _columns_backward_kernel(dy2, x2, mean1, rstd1, w1, use_mean, fixed, dx2, su
         proj[c] = 0.0
         mdx[c] = 0.0
     if sums.shape[1] > 0:
-        mu, r64, w64 = _per_position(mean_used, S), _per_position(rstd1, S), _per_position(w1.astype(np.float64), S)
-        part = np.empty((n_chunks, 4, P))
+        mu, r64 = _per_position(mean_used, S), _per_position(rstd1, S)
+        part = np.empty((n_chunks, 2, P))
         for i in prange(n_chunks):
-            _column_dy_sums(dy2, x2, mu, r64, w64, i * per, min(N, (i + 1) * per), part[i])
-        for k in range(4):
+            _column_dy_sums(dy2, x2, mu, r64, i * per, min(N, (i + 1) * per), part[i])
+        for k in range(2):
             _fold_chunks(part[:, k], S, 1.0, sums[k])
+        _column_dxhat_sums(dy2, x2, mean_used, rstd1, w1, S, sums)
         if not fixed:
             for c in range(G):
                 proj[c] = sums[3, c] / (N * S)
