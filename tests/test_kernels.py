@@ -198,6 +198,31 @@ def test_batch_norm_in_short_runs(case):
     check_case(case)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("S", [1, 3])
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+def test_batch_norm_in_short_runs_merges_tiles_and_chunks(dtype, S, offset):
+    """A batch big enough that each row chunk of the columns forward is several tiles of rows (the hypothesis
+    cases are too small to have more than one): the tiles' moments merged into the chunk's, the chunks' and
+    then a channel's positions into the channel's, held to the reference, also far from zero mean."""
+    itemsize = np.dtype(dtype).itemsize
+    C = 4096 // (S * itemsize)  # rows of 4 KiB
+    N = 2048
+    per = -(-N // numba_cpu._column_chunks(N))
+    tile_rows = numba_cpu.COLUMNS_TILE_BYTES // (C * S * itemsize)
+    assert numba_cpu._column_chunks(N) > 1 and per >= 2 * tile_rows, "the case must merge tiles and chunks"
+    rng = np.random.default_rng(7)
+    scale = np.linspace(0.5, 3.0, C)[None, :, None, None]
+    x = (offset + scale * rng.standard_normal((N, C, 1, S))).astype(dtype)
+    case = dict(
+        x=x, dy=rng.standard_normal(x.shape).astype(dtype), weight=rng.standard_normal((C, 1)).astype(dtype),
+        bias=rng.standard_normal((C, 1)).astype(dtype), centered=True, reduce_batch=True, mask=None,
+        eval_stats=False, need_affine_grads=True,
+    )  # fmt: skip
+    assert numba_cpu._by_columns(x.shape, itemsize, True, None)
+    check_case(case)
+
+
 def test_only_batch_norm_without_a_mask_in_short_runs_goes_by_columns():
     """Which calls the columns kernels take: BatchNorm, unmasked, one run per block, runs under
     COLUMNS_MAX_RUN_BYTES."""

@@ -150,6 +150,9 @@ PREFETCH_MAX_ROW_BYTES = 2048
 PREFETCH_DISTANCE_BYTES = 2048
 # BatchNorm in runs shorter than this many bytes walks the batch in memory order: see the columns kernels.
 COLUMNS_MAX_RUN_BYTES = 128
+# The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
+# _column_moments.
+COLUMNS_TILE_BYTES = 64 * 1024
 # A streamed output goes through an L1-resident scratch row of at most this many bytes: see _scratch_len.
 STREAM_CHUNK_BYTES = 4096
 # A row's dweight/dbias terms are summed in x's dtype over blocks of this many rows, then in float64: see _fold_terms.
@@ -1018,8 +1021,9 @@ def _backward_groups(
 # positions where a pass needs it. Each pass over the batch is a parallel loop over row chunks, each
 # summing into its own partial row; the partial rows are added in chunk order and then the S positions of
 # each channel, so that the result is the same bits on any number of threads. The price is a pass over x
-# for each of the two statistics and one for y (two for dx), where the channel walk reads a channel once
-# from DRAM and again from L2, and rows of the weight and statistics, repeated per position, beside each row.
+# for the statistics (the squared deviations of a tile of rows read again from L2, _column_moments) and one
+# for y (one for the sums of dy and one for dx), where the channel walk reads a channel once from DRAM and
+# again from L2, and rows of the weight and statistics, repeated per position, beside each row.
 #
 # Measured against the channel walk (2 threads, cold caches, out= buffers, the AMD VM; forward, backward):
 # float32 (8192, 512) 1.3 ms against 18.8 (0.07 of the time), 2.6 against 25.4 (0.10); (65536, 64) 0.05 and
@@ -1031,20 +1035,96 @@ def _backward_groups(
 
 
 @_item
-def _column_sums(x2, mu, square, n_first, n_last, acc):
-    """acc[p] = the sum of x2[n, p] (with ``square``, of (x2[n, p] - mu[p])^2) over the rows n = n_first..n_last-1,
-    in float64."""
-    x2, mu, acc = _borrowed(x2), _borrowed(mu), _borrowed(acc)
+def _column_squares(x2, n_first, n_last, acc):
+    """acc[p] = the sum of x2[n, p]^2 over the rows n = n_first..n_last-1, in float64 (the uncentered statistic)."""
+    x2, acc = _borrowed(x2), _borrowed(acc)
     acc[:] = 0.0
     for n in range(n_first, n_last):
         xr = x2[n]
-        if square:
-            for p in range(acc.shape[0]):
-                d = xr[p] - mu[p]
-                acc[p] += d * d
+        for p in range(acc.shape[0]):
+            d = np.float64(xr[p])
+            acc[p] += d * d
+
+
+@_item
+def _column_moments(x2, n_first, n_last, out):
+    """out[0, p] = the sum of x2[n, p] over the rows n = n_first..n_last-1, and out[1, p] = the sum of squared
+    deviations from their mean (M2), in float64, with one read of the rows from memory.
+
+    The rows go in tiles of at most COLUMNS_TILE_BYTES, which stay in L2: a tile's sums, then its squared
+    deviations from the tile's mean c = sum / n_b (the second read, from L2: two passes, never E[x^2] - E[x]^2),
+    then the tile merged into the moments of the rows before it (Chan, Golub and LeVeque's update):
+
+        M2 = M2_a + M2_b + (c - sum_a / n_a)^2 * n_a * n_b / (n_a + n_b),    sum = sum_a + sum_b
+
+    Against a second pass over the batch for the squared deviations, as the forward had, ``compare_kernels.py
+    --cold`` (2 threads, the AMD VM, two runs) took the forward of float32 (8192, 1024) 0.96-0.99 of the time
+    (32 MiB: the second pass had found much of it in L3), (65536, 64) 0.83-0.88, float64 (8192, 1024) 0.86-0.89,
+    (65536, 64) 0.83-0.91; hot, float32 (1024, 1024) 0.89, and small batches, where the merges are a larger
+    share, up to 1.11 ((256, 512): 62 against 55 microseconds). Tiles of 16 KiB took float32 1.03-1.14, of
+    128-512 KiB about the same as 64."""
+    x2, out = _borrowed(x2), _borrowed(out)
+    P = x2.shape[1]
+    total, m2 = out[0], out[1]
+    tile_sum, tile_m2 = np.empty(P), np.empty(P)
+    rows = max(1, COLUMNS_TILE_BYTES // max(1, P * x2.itemsize))
+    total[:] = 0.0
+    m2[:] = 0.0
+    n_a = 0
+    for t0 in range(n_first, n_last, rows):
+        t1 = min(n_last, t0 + rows)
+        n_b = t1 - t0
+        tile_sum[:] = 0.0
+        for n in range(t0, t1):
+            xr = x2[n]
+            for p in range(P):
+                tile_sum[p] += xr[p]
+        tile_m2[:] = 0.0
+        inv_b = 1.0 / n_b
+        for n in range(t0, t1):
+            xr = x2[n]
+            for p in range(P):
+                d = xr[p] - tile_sum[p] * inv_b
+                tile_m2[p] += d * d
+        if n_a == 0:
+            for p in range(P):
+                total[p] = tile_sum[p]
+                m2[p] = tile_m2[p]
         else:
-            for p in range(acc.shape[0]):
-                acc[p] += xr[p]
+            inv_a, weight = 1.0 / n_a, n_a * n_b / (n_a + n_b)
+            for p in range(P):
+                delta = tile_sum[p] * inv_b - total[p] * inv_a
+                m2[p] += tile_m2[p] + delta * delta * weight
+                total[p] += tile_sum[p]
+        n_a += n_b
+
+
+@_item
+def _fold_moments(part, per, N, S, var1):
+    """var1[c] = M2 / (N * S) of channel c, from the chunks' (sum, M2) per position in part (n_chunks, 2, P),
+    chunk k holding the rows k*per..min(N, (k+1)*per)-1: the chunks merged in chunk order, then the S positions
+    of the channel (N values each), with ``_column_moments``'s update."""
+    n_chunks, _, P = part.shape
+    total, m2 = part[0, 0].copy(), part[0, 1].copy()
+    n_a = min(N, per)
+    for k in range(1, n_chunks):
+        n_b = min(N, (k + 1) * per) - k * per
+        if n_b <= 0:
+            continue
+        inv_a, inv_b, weight = 1.0 / n_a, 1.0 / n_b, n_a * n_b / (n_a + n_b)
+        for p in range(P):
+            delta = part[k, 0, p] * inv_b - total[p] * inv_a
+            m2[p] += part[k, 1, p] + delta * delta * weight
+            total[p] += part[k, 0, p]
+        n_a += n_b
+    for c in range(var1.shape[0]):
+        t, m = total[c * S], m2[c * S]
+        for s in range(1, S):
+            p = c * S + s
+            delta = total[p] / N - t / (s * N)
+            m += m2[p] + delta * delta * (s * N * N / ((s + 1) * N))
+            t += total[p]
+        var1[c] = m / (N * S)
 
 
 @_item
@@ -1180,18 +1260,18 @@ def _columns_forward_kernel(x2, w1, b1, has_b, eps, centered, stats_given, mean1
     N, P = x2.shape
     G = mean1.shape[0]
     per = (N + n_chunks - 1) // n_chunks
-    if not stats_given:
-        part = np.empty((n_chunks, P))
-        if centered:
-            for i in prange(n_chunks):
-                _column_sums(x2, mean1, False, i * per, min(N, (i + 1) * per), part[i])
-            _fold_chunks(part, S, N * S, mean1)
-        else:
-            for c in range(G):
-                mean1[c] = 0.0
-        mu = _per_position(mean1, S)
+    if not stats_given and centered:
+        part = np.empty((n_chunks, 2, P))
         for i in prange(n_chunks):
-            _column_sums(x2, mu, True, i * per, min(N, (i + 1) * per), part[i])
+            _column_moments(x2, i * per, min(N, (i + 1) * per), part[i])
+        _fold_chunks(part[:, 0], S, N * S, mean1)
+        _fold_moments(part, per, N, S, var1)
+    elif not stats_given:
+        part = np.empty((n_chunks, P))
+        for c in range(G):
+            mean1[c] = 0.0
+        for i in prange(n_chunks):
+            _column_squares(x2, i * per, min(N, (i + 1) * per), part[i])
         _fold_chunks(part, S, N * S, var1)
     rstd1 = np.empty(G)
     for c in range(G):
