@@ -375,7 +375,12 @@ def test_parallel_path_equals_reference_and_serial(monkeypatch, dtype):
 
 
 @given(
-    st.one_of(cases(), cases(max_side=3, long_rows=True), cases(max_side=3, long_rows=True).map(as_layer_norm_rows)),
+    st.one_of(
+        cases(),
+        cases(max_side=3, long_rows=True),
+        cases(max_side=3, long_rows=True).map(as_layer_norm_rows),
+        cases(max_side=40, short_run_batch_norm=True),
+    ),
     st.integers(0, 17),
     st.booleans(),
     st.booleans(),
@@ -385,7 +390,8 @@ def test_streaming_stores_change_no_bit_and_stay_inside_out(case, offset, parall
     on for every size and block length, with ``out`` at every alignment (``offset`` elements into a
     buffer), on the serial and the parallel compile, with NaN/inf in x or not, they give the bits of
     the ordinary stores, and leave the guard values around ``out`` untouched. Long groups and long
-    LayerNorm rows (hundreds or thousands of values) are streamed in pieces (``_scratch_len``)."""
+    LayerNorm rows (hundreds or thousands of values) are streamed in pieces (``_scratch_len``), short-run
+    BatchNorm's rows (the columns kernels) whole."""
     x = case["x"]
     if non_finite and x.size >= 3:
         x = _with_non_finite(x, np.random.default_rng(offset))

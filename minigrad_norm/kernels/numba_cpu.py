@@ -1542,6 +1542,20 @@ def _by_columns(shape: tuple[int, ...], itemsize: int, reduce_batch: bool, mask:
     return reduce_batch and mask is None and K == 1 and S * itemsize < COLUMNS_MAX_RUN_BYTES
 
 
+def _column_rows_stream(P: int, itemsize: int) -> bool:
+    """Whether the columns kernels stream out their rows of P values where ``_streams`` says an output should
+    stream: only rows shorter than the scratch row (STREAM_CHUNK_BYTES), each computed into it whole.
+
+    Streamed, wider rows took more time than with ordinary stores, narrower ones less (cold caches, 2 threads,
+    out= buffers, the AMD VM, several runs in both of its memory states; streamed against ordinary stores):
+    float32 (8192, 1024), rows of 4 KiB, forward 1.05-1.10x, eval-mode forward 1.12-1.20x, backward
+    1.01-1.13x; float64 (8192, 1024) 1.06-1.35x, 1.35-1.40x and 1.03-1.13x; (4096, 2048) float32 1.06-1.20x
+    forward, 1.02-1.12x backward, float64 1.12x forward. Rows of 256 and 512 bytes ((65536, 64)): the backward
+    0.86-0.90x, float32 and float64, the forward 0.93-1.0x; (16384, 64 * 8) float32, rows of 2 KiB, forward
+    0.91-0.95x, eval 0.85-0.88x."""
+    return P * itemsize < STREAM_CHUNK_BYTES
+
+
 def _column_chunks(N: int) -> int:
     """How many row chunks, each with its partial row of sums, the columns kernels split the batch into: a
     function of N only (never of the thread count), at least _MIN_ROWS_PER_COLUMN_CHUNK rows each."""
@@ -1592,7 +1606,7 @@ def norm_forward(
         _kernel("columns forward", x.size)(
             xc.reshape(N, G * S), w2.reshape(G), b2.reshape(G), bias is not None, float(eps), centered,
             stats is not None, mean2.reshape(G), var2.reshape(G), y.reshape(N, G * S), S, _column_chunks(N),
-            _streams(y, out, G * S, short_aligned_blocks=False),
+            _streams(y, out, G * S, short_aligned_blocks=False) and _column_rows_stream(G * S, x.itemsize),
         )  # fmt: skip
         return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
     _kernel("forward", x.size)(
@@ -1661,7 +1675,7 @@ def norm_backward(
         _kernel("columns backward", x.size)(
             dy3.reshape(N, G * L), x3.reshape(N, G * L), mean2.reshape(G), rstd2.reshape(G), w2.reshape(G),
             centered or fixed_stats, fixed_stats, dx.reshape(N, G * L), sums, S, _column_chunks(N),
-            stream(G * L),
+            stream(G * L) and _column_rows_stream(G * L, dx.itemsize),
         )  # fmt: skip
         dweight, dbias = (sums[1].reshape(G, K), sums[0].reshape(G, K)) if affine else (None, None)
     else:
