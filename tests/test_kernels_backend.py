@@ -288,6 +288,25 @@ def test_bench_summary_gives_the_rates_behind_the_fractions():
     assert any("numba out= 40.0 .. 45.0" in t and "STREAM triad in their rounds 50.0 .. 90.0" in t for t in lines)
 
 
+def test_bench_summary_gives_the_fractions_without_the_norms_that_read_x_twice():
+    """BatchNorm1d's training statistics need the whole batch before its first output, so at DRAM sizes it reads
+    x twice: the summary says so, and gives the fractions of the other norms on their own."""
+    x_bytes = 5 * 32 * 2**20
+
+    def row(norm: str, direction: str, kernel_gbps: float) -> bench.Row:
+        nbytes = x_bytes // 5 * bench.BYTES_PER_X[direction]
+        ms = {"numba out=": nbytes / (kernel_gbps * 1e9) * 1e3}
+        return bench.Row(norm, (4, 4), "float32", direction, nbytes, ms, {"copy": 50.0, "triad": 50.0})
+
+    rows = [row("layer_norm", "fwd+bwd", 40.0), row("batch_norm1d", "fwd+bwd", 20.0), row("layer_norm", "fwd", 45.0)]
+    lines = bench.target_summary(bench.Report({}, {}, rows, [], {}, False))
+    assert any("% of triad" in t and "40% .. 80%" in t for t in lines)
+    note = next(t for t in lines if "batch_norm1d read x twice" in t)
+    assert "fwd+bwd 80% .. 80% of triad, fwd 90% .. 90% of copy" in note
+    rows = [row("layer_norm", "fwd+bwd", 40.0)]
+    assert not any("read x twice" in t for t in bench.target_summary(bench.Report({}, {}, rows, [], {}, False)))
+
+
 def test_bench_times_each_implementation_in_its_own_steady_state():
     """A call that runs slowly after another implementation (a thread pool to wake, caches to refill),
     here for its first two calls, must not be timed in that state: with three untimed calls before
