@@ -1046,6 +1046,14 @@ def _column_squares(x2, n_first, n_last, acc):
             acc[p] += d * d
 
 
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _merged_moments(sum_a, m2_a, n_a, sum_b, m2_b, n_b):
+    """(sum, M2) of two sets of n_a and n_b values from theirs (Chan, Golub and LeVeque's update): sum = sum_a + sum_b,
+    M2 = M2_a + M2_b + (sum_b / n_b - sum_a / n_a)^2 * n_a * n_b / (n_a + n_b)."""
+    delta = sum_b / n_b - sum_a / n_a
+    return sum_a + sum_b, m2_a + m2_b + delta * delta * (n_a * n_b / (n_a + n_b))
+
+
 @_item
 def _column_moments(x2, n_first, n_last, out):
     """out[0, p] = the sum of x2[n, p] over the rows n = n_first..n_last-1, and out[1, p] = the sum of squared
@@ -1053,9 +1061,7 @@ def _column_moments(x2, n_first, n_last, out):
 
     The rows go in tiles of at most COLUMNS_TILE_BYTES, which stay in L2: a tile's sums, then its squared
     deviations from the tile's mean c = sum / n_b (the second read, from L2: two passes, never E[x^2] - E[x]^2),
-    then the tile merged into the moments of the rows before it (Chan, Golub and LeVeque's update):
-
-        M2 = M2_a + M2_b + (c - sum_a / n_a)^2 * n_a * n_b / (n_a + n_b),    sum = sum_a + sum_b
+    then the tile merged into the moments of the rows before it (``_merged_moments``).
 
     Against a second pass over the batch for the squared deviations, as the forward had, ``compare_kernels.py
     --cold`` (2 threads, the AMD VM, two runs) took the forward of float32 (8192, 1024) 0.96-0.99 of the time
@@ -1086,16 +1092,11 @@ def _column_moments(x2, n_first, n_last, out):
             for p in range(P):
                 d = xr[p] - tile_sum[p] * inv_b
                 tile_m2[p] += d * d
-        if n_a == 0:
-            for p in range(P):
-                total[p] = tile_sum[p]
-                m2[p] = tile_m2[p]
-        else:
-            inv_a, weight = 1.0 / n_a, n_a * n_b / (n_a + n_b)
-            for p in range(P):
-                delta = tile_sum[p] * inv_b - total[p] * inv_a
-                m2[p] += tile_m2[p] + delta * delta * weight
-                total[p] += tile_sum[p]
+        for p in range(P):
+            if n_a == 0:
+                total[p], m2[p] = tile_sum[p], tile_m2[p]
+            else:
+                total[p], m2[p] = _merged_moments(total[p], m2[p], n_a, tile_sum[p], tile_m2[p], n_b)
         n_a += n_b
 
 
@@ -1103,27 +1104,20 @@ def _column_moments(x2, n_first, n_last, out):
 def _fold_moments(part, per, N, S, var1):
     """var1[c] = M2 / (N * S) of channel c, from the chunks' (sum, M2) per position in part (n_chunks, 2, P),
     chunk k holding the rows k*per..min(N, (k+1)*per)-1: the chunks merged in chunk order, then the S positions
-    of the channel (N values each), with ``_column_moments``'s update."""
+    of the channel (N values each), by ``_merged_moments``."""
     n_chunks, _, P = part.shape
     total, m2 = part[0, 0].copy(), part[0, 1].copy()
     n_a = min(N, per)
     for k in range(1, n_chunks):
         n_b = min(N, (k + 1) * per) - k * per
-        if n_b <= 0:
-            continue
-        inv_a, inv_b, weight = 1.0 / n_a, 1.0 / n_b, n_a * n_b / (n_a + n_b)
-        for p in range(P):
-            delta = part[k, 0, p] * inv_b - total[p] * inv_a
-            m2[p] += part[k, 1, p] + delta * delta * weight
-            total[p] += part[k, 0, p]
-        n_a += n_b
+        if n_b > 0:  # (the last chunks of some N are empty)
+            for p in range(P):
+                total[p], m2[p] = _merged_moments(total[p], m2[p], n_a, part[k, 0, p], part[k, 1, p], n_b)
+            n_a += n_b
     for c in range(var1.shape[0]):
         t, m = total[c * S], m2[c * S]
         for s in range(1, S):
-            p = c * S + s
-            delta = total[p] / N - t / (s * N)
-            m += m2[p] + delta * delta * (s * N * N / ((s + 1) * N))
-            t += total[p]
+            t, m = _merged_moments(t, m, s * N, total[c * S + s], m2[c * S + s], N)
         var1[c] = m / (N * S)
 
 
