@@ -206,8 +206,8 @@ def test_batch_norm_in_short_runs_merges_tiles_and_chunks(dtype, S, offset):
     cases are too small to have more than one): the tiles' moments merged into the chunk's, the chunks' and
     then a channel's positions into the channel's, held to the reference, also far from zero mean."""
     itemsize = np.dtype(dtype).itemsize
-    C = 4096 // (S * itemsize)  # rows of 4 KiB
-    N = 2048
+    C = numba_cpu.COLUMNS_TILE_BYTES // 2 // (S * itemsize)  # two rows to a tile
+    N = 32
     per = -(-N // numba_cpu._column_chunks(N))
     tile_rows = numba_cpu.COLUMNS_TILE_BYTES // (C * S * itemsize)
     assert numba_cpu._column_chunks(N) > 1 and per >= 2 * tile_rows, "the case must merge tiles and chunks"

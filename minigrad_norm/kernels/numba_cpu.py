@@ -152,7 +152,7 @@ PREFETCH_DISTANCE_BYTES = 2048
 COLUMNS_MAX_RUN_BYTES = 128
 # The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
 # _column_moments.
-COLUMNS_TILE_BYTES = 64 * 1024
+COLUMNS_TILE_BYTES = 256 * 1024
 # A streamed output goes through an L1-resident scratch row of at most this many bytes: see _scratch_len.
 STREAM_CHUNK_BYTES = 4096
 # A row's dweight/dbias terms are summed in x's dtype over blocks of this many rows, then in float64: see _fold_terms.
@@ -1067,8 +1067,10 @@ def _column_moments(x2, n_first, n_last, out):
     --cold`` (2 threads, the AMD VM, two runs) took the forward of float32 (8192, 1024) 0.96-0.99 of the time
     (32 MiB: the second pass had found much of it in L3), (65536, 64) 0.83-0.88, float64 (8192, 1024) 0.86-0.89,
     (65536, 64) 0.83-0.91; hot, float32 (1024, 1024) 0.89, and small batches, where the merges are a larger
-    share, up to 1.11 ((256, 512): 62 against 55 microseconds). Tiles of 16 KiB took float32 1.03-1.14, of
-    128-512 KiB about the same as 64."""
+    share, up to 1.11 ((256, 512): 62 against 55 microseconds); those with tiles of 64 KiB. Against those,
+    tiles of 256 KiB took the same time (0.96-1.01) but for rows so long that a tile of 64 KiB held few of them,
+    merged after every other row: float32 (512, 16384) 0.79, (256, 512 * 16) 0.87, float64 (512, 8192) 0.84.
+    Tiles of 16 KiB took float32 (8192, 1024) 1.03-1.14."""
     x2, out = _borrowed(x2), _borrowed(out)
     P = x2.shape[1]
     total, m2 = out[0], out[1]
