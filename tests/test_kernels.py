@@ -103,8 +103,8 @@ def float32_bounds(case: dict, mean: np.ndarray, var: np.ndarray, fixed: bool) -
 def cases(draw, max_side: int = 9, long_rows: bool = False, short_run_batch_norm: bool = False):
     """A norm problem on the (N, G, K, S) view, with every option of the kernels; with ``long_rows``
     small N, G, K and a spatial extent S of thousands (one long group per (n, g)); with
-    ``short_run_batch_norm`` a BatchNorm in runs shorter than COLUMNS_MAX_RUN_BYTES, without a mask (the
-    columns kernels), of up to 80 samples (1 to 5 row chunks)."""
+    ``short_run_batch_norm`` a BatchNorm in runs shorter than COLUMNS_MAX_RUN_BYTES (the columns kernels), of up
+    to 80 samples (1 to 5 row chunks), in runs of one value maybe with a mask of whole rows."""
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     shape = tuple(draw(st.integers(1, max_side)) for _ in range(3)) + (draw(st.integers(300, 3000)),)
     if not long_rows:
@@ -128,8 +128,8 @@ def cases(draw, max_side: int = 9, long_rows: bool = False, short_run_batch_norm
     weight = None if affine == "none" else rng.standard_normal((G, K)).astype(dtype)
     bias = rng.standard_normal((G, K)).astype(dtype) if affine == "both" else None
     mask = None
-    if not short_run_batch_norm and draw(st.booleans()):
-        mask = rng.random((N, S)) < 0.7
+    if (not short_run_batch_norm or S == 1) and draw(st.booleans()):
+        mask = rng.random((N, S)) < (draw(st.sampled_from([0.7, 0.1])) if short_run_batch_norm else 0.7)
         mask[0, 0] = True  # at least one valid value in the first group
     return dict(
         x=x,
@@ -223,9 +223,35 @@ def test_batch_norm_in_short_runs_merges_tiles_and_chunks(dtype, S, offset):
     check_case(case)
 
 
-def test_only_batch_norm_without_a_mask_in_short_runs_goes_by_columns():
-    """Which calls the columns kernels take: BatchNorm, unmasked, one run per block, runs under
-    COLUMNS_MAX_RUN_BYTES."""
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the reference on no valid row
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batch_norm_in_short_runs_skips_masked_rows(dtype):
+    """BatchNorm in runs of one value with a mask of whole rows, on the columns kernels: whole chunks masked
+    (80 samples: five chunks of 16, the first two and a half masked), NaN and inf in the masked rows of x and
+    dy reaching nothing, as in the reference; and with every row masked, NaN statistics and zero outputs."""
+    rng = np.random.default_rng(3)
+    N, C = 80, 5
+    x = rng.standard_normal((N, C, 1, 1)).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    mask = np.ones((N, 1), bool)
+    mask[:40] = False
+    mask[50::7] = False
+    x[:40:3, 1], dy[:40:5, 2], x[50, 3] = np.nan, np.inf, -np.inf  # in masked rows only
+    assert numba_cpu._by_columns(x.shape, x.itemsize, True, mask)
+    w, b = rng.standard_normal((C, 1)).astype(dtype), rng.standard_normal((C, 1)).astype(dtype)
+    case = dict(x=x, dy=dy, weight=w, bias=b, reduce_batch=True, mask=mask, need_affine_grads=True)
+    for centered in (True, False):
+        for eval_stats in (False, True):
+            check_case({**case, "centered": centered, "eval_stats": eval_stats})
+    y, mean, var = numba_cpu.norm_forward(x, w, b, EPS, reduce_batch=True, mask=np.zeros((N, 1), bool))
+    want_y, want_mean, want_var = reference.norm_forward(x, w, b, EPS, reduce_batch=True, mask=np.zeros((N, 1), bool))
+    assert np.all(y == 0) and np.all(want_y == 0)
+    assert np.all(np.isnan(mean)) and np.all(np.isnan(var)) and np.all(np.isnan(want_mean))
+
+
+def test_only_batch_norm_in_short_runs_goes_by_columns():
+    """Which calls the columns kernels take: BatchNorm, one run per block, runs under COLUMNS_MAX_RUN_BYTES,
+    unmasked or with a mask of whole rows (runs of one value)."""
     by_columns = numba_cpu._by_columns
     for itemsize in (4, 8):
         longest = (numba_cpu.COLUMNS_MAX_RUN_BYTES - 1) // itemsize
@@ -233,7 +259,8 @@ def test_only_batch_norm_without_a_mask_in_short_runs_goes_by_columns():
         assert not by_columns((8, 3, 1, longest + 1), itemsize, True, None)
     assert not by_columns((8, 3, 1, 1), 4, False, None)  # InstanceNorm: statistics per block
     assert not by_columns((8, 3, 2, 1), 4, True, None)  # runs of K per block
-    assert not by_columns((8, 3, 1, 1), 4, True, np.ones((8, 1), bool))
+    assert by_columns((8, 3, 1, 1), 4, True, np.ones((8, 1), bool))
+    assert not by_columns((8, 3, 1, 2), 4, True, np.ones((8, 2), bool))  # a mask inside the rows
 
 
 @given(cases(max_side=3, long_rows=True))

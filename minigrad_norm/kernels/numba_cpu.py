@@ -78,10 +78,10 @@ Design points, each one tested in ``tests/test_kernels.py``:
   through per-chunk float64 partial buffers ``(n_chunks, G, K)``, summed at the end in
   chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so
   the result is bit-identical on 1 or many threads.
-* BatchNorm in runs shorter than COLUMNS_MAX_RUN_BYTES, without a mask (BatchNorm1d on (N, C): runs of
-  one value), takes kernels of its own, ``_columns_forward_kernel`` and ``_columns_backward_kernel``, which
-  walk the batch row by row in memory order instead of channel by channel (see the section "BatchNorm of
-  short runs" below).
+* BatchNorm in runs shorter than COLUMNS_MAX_RUN_BYTES (BatchNorm1d on (N, C): runs of one value), without a
+  mask or with one of whole rows, takes kernels of its own, ``_columns_forward_kernel`` and
+  ``_columns_backward_kernel``, which walk the batch row by row in memory order instead of channel by channel
+  (see the section "BatchNorm of short runs" below).
 * Every kernel is compiled twice from one Python function: ``parallel=True`` for big
   inputs, serial for small ones (waking the thread pool costs tens of microseconds). Both
   run the same loops, so they give the same bits.
@@ -1030,16 +1030,58 @@ def _backward_groups(
 # 0.07; eval mode (given statistics, fixed-statistics backward) 0.05-0.09. Runs of S values, float32 S = 8
 # and 16: 0.38-0.40 and 0.50-0.57; S = 32 (128 bytes) 0.92 and 0.97; S = 49 and 64: 1.4-1.7 and 1.5-1.8;
 # float64 S = 8: 0.39 and 0.57; S = 16 (128 bytes) 0.68 and 1.07; S = 32: 1.40 and 1.77. Hence runs of
-# fewer than COLUMNS_MAX_RUN_BYTES = 128 bytes. (A BatchNorm with a mask keeps the channel walk. The backward
-# was measured with four accumulators per position, since two: see _column_dy_sums.)
+# fewer than COLUMNS_MAX_RUN_BYTES = 128 bytes. (The backward was measured with four accumulators per position,
+# since two: see _column_dy_sums.)
+#
+# A mask of BatchNorm in runs of one value marks whole rows (samples), which these kernels skip (_row_valid):
+# float32 (8192, 1024) with a fifth of the rows masked, hot, 2 threads: forward 2.6 ms and backward 4.1, where
+# the channel walk took 75 and 165 and the NumPy reference 83 and 137 (float64: 4.7 and 7.6, the reference 77
+# and 136). A mask inside the rows (runs of S > 1 values) keeps the channel walk.
+
+
+@numba.njit(cache=True, inline="always")
+def _row_valid(valid, has_mask, n):
+    """Whether row n of the batch counts: without a mask every row; with one (a mask (N, 1) of BatchNorm in runs
+    of one value marks whole rows), valid[n]. Masked rows reach no sum, whatever they hold (even NaN), and get
+    y = dx = 0, as in the reference."""
+    return not has_mask or valid[n]
+
+
+@numba.njit(cache=True, inline="always")
+def _valid_run(valid, has_mask, n, end):
+    """(first, stop) of the next run of consecutive valid rows at or after row n, before row ``end``: (n, end)
+    without a mask. The statistics loop over runs: a test of each row in their loops took the forward of float32
+    rows of 64 values 1.08-1.10x the time unmasked."""
+    if not has_mask:
+        return n, end
+    while n < end and not valid[n]:
+        n += 1
+    stop = n
+    while stop < end and valid[stop]:
+        stop += 1
+    return n, stop
 
 
 @_item
-def _column_squares(x2, n_first, n_last, acc):
-    """acc[p] = the sum of x2[n, p]^2 over the rows n = n_first..n_last-1, in float64 (the uncentered statistic)."""
+def _valid_rows(valid, has_mask, N):
+    """How many of the N rows count (``_row_valid``)."""
+    if not has_mask:
+        return N
+    count = 0
+    for n in range(N):
+        count += 1 if valid[n] else 0
+    return count
+
+
+@_item
+def _column_squares(x2, valid, has_mask, n_first, n_last, acc):
+    """acc[p] = the sum of x2[n, p]^2 over the valid rows n = n_first..n_last-1 (``_row_valid``), in float64 (the
+    uncentered statistic)."""
     x2, acc = _borrowed(x2), _borrowed(acc)
     acc[:] = 0.0
     for n in range(n_first, n_last):
+        if not _row_valid(valid, has_mask, n):
+            continue
         xr = x2[n]
         for p in range(acc.shape[0]):
             d = np.float64(xr[p])
@@ -1055,9 +1097,10 @@ def _merged_moments(sum_a, m2_a, n_a, sum_b, m2_b, n_b):
 
 
 @_item
-def _column_moments(x2, n_first, n_last, out):
-    """out[0, p] = the sum of x2[n, p] over the rows n = n_first..n_last-1, and out[1, p] = the sum of squared
-    deviations from their mean (M2), in float64, with one read of the rows from memory.
+def _column_moments(x2, valid, has_mask, n_first, n_last, out):
+    """out[0, p] = the sum of x2[n, p] over the valid rows n = n_first..n_last-1 (``_row_valid``), and out[1, p]
+    = the sum of squared deviations from their mean (M2), in float64, with one read of the rows from memory;
+    returns how many rows counted.
 
     The rows go in tiles of at most COLUMNS_TILE_BYTES, which stay in L2: a tile's sums, then its squared
     deviations from the tile's mean c = sum / n_b (the second read, from L2: two passes, never E[x^2] - E[x]^2),
@@ -1081,62 +1124,78 @@ def _column_moments(x2, n_first, n_last, out):
     n_a = 0
     for t0 in range(n_first, n_last, rows):
         t1 = min(n_last, t0 + rows)
-        n_b = t1 - t0
+        n_b = 0
         tile_sum[:] = 0.0
-        for n in range(t0, t1):
-            xr = x2[n]
-            for p in range(P):
-                tile_sum[p] += xr[p]
+        first, stop = _valid_run(valid, has_mask, t0, t1)
+        while first < stop:
+            n_b += stop - first
+            for n in range(first, stop):
+                xr = x2[n]
+                for p in range(P):
+                    tile_sum[p] += xr[p]
+            first, stop = _valid_run(valid, has_mask, stop, t1)
+        if n_b == 0:
+            continue
         tile_m2[:] = 0.0
         inv_b = 1.0 / n_b
-        for n in range(t0, t1):
-            xr = x2[n]
-            for p in range(P):
-                d = xr[p] - tile_sum[p] * inv_b
-                tile_m2[p] += d * d
+        first, stop = _valid_run(valid, has_mask, t0, t1)
+        while first < stop:
+            for n in range(first, stop):
+                xr = x2[n]
+                for p in range(P):
+                    d = xr[p] - tile_sum[p] * inv_b
+                    tile_m2[p] += d * d
+            first, stop = _valid_run(valid, has_mask, stop, t1)
         for p in range(P):
             if n_a == 0:
                 total[p], m2[p] = tile_sum[p], tile_m2[p]
             else:
                 total[p], m2[p] = _merged_moments(total[p], m2[p], n_a, tile_sum[p], tile_m2[p], n_b)
         n_a += n_b
+    return n_a
 
 
 @_item
-def _fold_moments(part, per, N, S, var1):
-    """var1[c] = M2 / (N * S) of channel c, from the chunks' (sum, M2) per position in part (n_chunks, 2, P),
-    chunk k holding the rows k*per..min(N, (k+1)*per)-1: the chunks merged in chunk order, then the S positions
-    of the channel (N values each), by ``_merged_moments``."""
+def _fold_moments(part, counts, S, var1):
+    """var1[c] = M2 / (n * S) of channel c, from the chunks' (sum, M2) per position in part (n_chunks, 2, P) over
+    counts[k] rows each (n in all): the chunks merged in chunk order, then the S positions of the channel (n
+    values each), by ``_merged_moments``. No row at all gives 0/0, NaN, as in the reference."""
     n_chunks, _, P = part.shape
     total, m2 = part[0, 0].copy(), part[0, 1].copy()
-    n_a = min(N, per)
+    n_a = counts[0]
     for k in range(1, n_chunks):
-        n_b = min(N, (k + 1) * per) - k * per
-        if n_b > 0:  # (the last chunks of some N are empty)
-            for p in range(P):
+        n_b = counts[k]
+        if n_b == 0:  # (the last chunks of some N are empty, a chunk may be all masked)
+            continue
+        for p in range(P):
+            if n_a == 0:
+                total[p], m2[p] = part[k, 0, p], part[k, 1, p]
+            else:
                 total[p], m2[p] = _merged_moments(total[p], m2[p], n_a, part[k, 0, p], part[k, 1, p], n_b)
-            n_a += n_b
+        n_a += n_b
     for c in range(var1.shape[0]):
         t, m = total[c * S], m2[c * S]
         for s in range(1, S):
-            t, m = _merged_moments(t, m, s * N, total[c * S + s], m2[c * S + s], N)
-        var1[c] = m / (N * S)
+            t, m = _merged_moments(t, m, s * n_a, total[c * S + s], m2[c * S + s], n_a)
+        var1[c] = m / (n_a * S)
 
 
 @_item
-def _column_dy_sums(dy2, x2, mu, r, n_first, n_last, acc):
-    """Position by position over the rows n = n_first..n_last-1, in float64: acc[0, p] = the sum of dy and
-    acc[1, p] = the sum of dy * xhat (xhat = (x - mu[p]) * r[p]). Of the four sums of ``_dy_sums`` these two
-    are all a position needs: its weight w[p] is its channel's, the same in every row, so the sums of
-    dxhat = dy * w[p] and dxhat * xhat are w[p] times them (``_column_dxhat_sums``, after the fold). Four
-    accumulators per position, as the sums were first formed here, took the backward of float32 (8192, 1024)
-    1.5x the time of these two (float64 1.25x; compare_kernels.py --cold, 2 threads): a row of them left L1.
-    (Rows of 64 float64 values alone went the other way, four taking 0.90x the time of two: too little work
-    per row to hide the latency of adding into the same accumulators row after row.)"""
+def _column_dy_sums(dy2, x2, valid, has_mask, mu, r, n_first, n_last, acc):
+    """Position by position over the valid rows n = n_first..n_last-1 (``_row_valid``), in float64:
+    acc[0, p] = the sum of dy and acc[1, p] = the sum of dy * xhat (xhat = (x - mu[p]) * r[p]). Of the four
+    sums of ``_dy_sums`` these two are all a position needs: its weight w[p] is its channel's, the same in
+    every row, so the sums of dxhat = dy * w[p] and dxhat * xhat are w[p] times them (``_column_dxhat_sums``,
+    after the fold). Four accumulators per position, as the sums were first formed here, took the backward
+    of float32 (8192, 1024) 1.5x the time of these two (float64 1.25x; compare_kernels.py --cold, 2 threads):
+    a row of them left L1. (Rows of 64 float64 values alone went the other way, four taking 0.90x the time of
+    two: too little work per row to hide the latency of adding into the same accumulators row after row.)"""
     dy2, x2, mu, r = _borrowed(dy2), _borrowed(x2), _borrowed(mu), _borrowed(r)
     a0, a1 = _borrowed(acc[0]), _borrowed(acc[1])
     acc[:] = 0.0
     for n in range(n_first, n_last):
+        if not _row_valid(valid, has_mask, n):
+            continue
         dyr, xr = dy2[n], x2[n]
         for p in range(a0.shape[0]):
             d = np.float64(dyr[p])
@@ -1145,7 +1204,7 @@ def _column_dy_sums(dy2, x2, mu, r, n_first, n_last, acc):
 
 
 @_item
-def _column_dxhat_sums(dy2, x2, mean1, rstd1, w1, S, sums):
+def _column_dxhat_sums(dy2, x2, valid, has_mask, mean1, rstd1, w1, S, sums):
     """sums[2, c] and sums[3, c], the sums of dxhat = dy * w[c] and dxhat * xhat over channel c, from its sums of
     dy and dy * xhat in sums[0, c] and sums[1, c]: w[c] times them. Where w[c] is inf or NaN that product would
     hide the NaN that the terms themselves make (inf * 0, inf + -inf), so the channel is summed term by term,
@@ -1160,6 +1219,8 @@ def _column_dxhat_sums(dy2, x2, mean1, rstd1, w1, S, sums):
         else:
             sums[2, c] = sums[3, c] = 0.0
             for n in range(x2.shape[0]):
+                if not _row_valid(valid, has_mask, n):
+                    continue
                 run = slice(c * S, (c + 1) * S)
                 t = _dy_sums(dy2[n, run], x2[n, run], no_mask, False, wc, mean1[c], rstd1[c])
                 sums[2, c] += t[2]
@@ -1200,19 +1261,23 @@ def _xhat_factors(x2, mean1, rstd1, S):
 
 
 @_item
-def _column_normalize(x2, y2, mh, ml, r, w, b, has_b, n_first, n_last, scratch, stream):
+def _column_normalize(x2, y2, valid, has_mask, mh, ml, r, w, b, has_b, n_first, n_last, scratch, stream):
     """y = ((x - mu_hi) - mu_lo) * rstd * w + b for the rows n_first..n_last-1, every factor per position
-    (``_normalize_row``'s arithmetic), a row streamed out in pieces of the scratch row with ``stream``."""
+    (``_normalize_row``'s arithmetic), 0 in a masked row; a row streamed out in pieces of the scratch row with
+    ``stream``."""
     x2, y2, scratch = _borrowed(x2), _borrowed(y2), _borrowed(scratch)
     mh, ml, r, w, b = _borrowed(mh), _borrowed(ml), _borrowed(r), _borrowed(w), _borrowed(b)
     P = x2.shape[1]
     c = scratch.shape[0] if stream else P
     for n in range(n_first, n_last):
+        row_counts = _row_valid(valid, has_mask, n)
         for j0 in range(0, P, c):
             j1 = min(P, j0 + c)
             xs, out = x2[n, j0:j1], scratch[: j1 - j0] if stream else y2[n, j0:j1]
             mhs, mls, rs, ws, bs = mh[j0:j1], ml[j0:j1], r[j0:j1], w[j0:j1], b[j0:j1]
-            if has_b:
+            if not row_counts:
+                out[:] = 0.0
+            elif has_b:
                 for p in range(xs.shape[0]):
                     out[p] = _xhat(xs[p], mhs[p], mls[p], rs[p]) * ws[p] + bs[p]
             else:
@@ -1223,20 +1288,24 @@ def _column_normalize(x2, y2, mh, ml, r, w, b, has_b, n_first, n_last, scratch, 
 
 
 @_item
-def _column_dx(dy2, x2, dx2, mh, ml, r, w, proj, mdx, fixed, n_first, n_last, scratch, stream):
+def _column_dx(dy2, x2, dx2, valid, has_mask, mh, ml, r, w, proj, mdx, fixed, n_first, n_last, scratch, stream):
     """dx = ((dxhat - xhat * proj) - mdx) * rstd (or dxhat * rstd with fixed statistics) for the rows
-    n_first..n_last-1, every factor per position (``_dx``), streamed out as in ``_column_normalize``."""
+    n_first..n_last-1, every factor per position (``_dx``), 0 in a masked row; streamed out as in
+    ``_column_normalize``."""
     dy2, x2, dx2, scratch = _borrowed(dy2), _borrowed(x2), _borrowed(dx2), _borrowed(scratch)
     mh, ml, r, w = _borrowed(mh), _borrowed(ml), _borrowed(r), _borrowed(w)
     proj, mdx = _borrowed(proj), _borrowed(mdx)
     P = x2.shape[1]
     c = scratch.shape[0] if stream else P
     for n in range(n_first, n_last):
+        row_counts = _row_valid(valid, has_mask, n)
         for j0 in range(0, P, c):
             j1 = min(P, j0 + c)
             dys, xs, out = dy2[n, j0:j1], x2[n, j0:j1], scratch[: j1 - j0] if stream else dx2[n, j0:j1]
             mhs, mls, rs, ws, ps, ms = mh[j0:j1], ml[j0:j1], r[j0:j1], w[j0:j1], proj[j0:j1], mdx[j0:j1]
-            if fixed:
+            if not row_counts:
+                out[:] = 0.0
+            elif fixed:
                 for p in range(xs.shape[0]):
                     out[p] = dys[p] * ws[p] * rs[p]
             else:
@@ -1251,24 +1320,28 @@ def _column_dx(dy2, x2, dx2, mh, ml, r, w, proj, mdx, fixed, n_first, n_last, sc
 # threads; one inside a loop over the channels made the forward of (8192, 512) take 140 ms.
 
 
-def _columns_forward_kernel(x2, w1, b1, has_b, eps, centered, stats_given, mean1, var1, y2, S, n_chunks, stream):
-    """BatchNorm's forward on the (N, C*S) view x2 of runs of S values (weight, bias, mean, var per channel c)."""
+def _columns_forward_kernel(
+    x2, w1, b1, has_b, eps, centered, valid, has_mask, stats_given, mean1, var1, y2, S, n_chunks, stream
+):
+    """BatchNorm's forward on the (N, C*S) view x2 of runs of S values (weight, bias, mean, var per channel c),
+    with ``has_mask`` over the rows n where valid[n] (S = 1)."""
     N, P = x2.shape
     G = mean1.shape[0]
     per = (N + n_chunks - 1) // n_chunks
     if not stats_given and centered:
         part = np.empty((n_chunks, 2, P))
+        counts = np.empty(n_chunks, np.int64)
         for i in prange(n_chunks):
-            _column_moments(x2, i * per, min(N, (i + 1) * per), part[i])
-        _fold_chunks(part[:, 0], S, N * S, mean1)
-        _fold_moments(part, per, N, S, var1)
+            counts[i] = _column_moments(x2, valid, has_mask, i * per, min(N, (i + 1) * per), part[i])
+        _fold_chunks(part[:, 0], S, _valid_rows(valid, has_mask, N) * S, mean1)
+        _fold_moments(part, counts, S, var1)
     elif not stats_given:
         part = np.empty((n_chunks, P))
         for c in range(G):
             mean1[c] = 0.0
         for i in prange(n_chunks):
-            _column_squares(x2, i * per, min(N, (i + 1) * per), part[i])
-        _fold_chunks(part, S, N * S, var1)
+            _column_squares(x2, valid, has_mask, i * per, min(N, (i + 1) * per), part[i])
+        _fold_chunks(part, S, _valid_rows(valid, has_mask, N) * S, var1)
     rstd1 = np.empty(G)
     for c in range(G):
         rstd1[c] = 1.0 / math.sqrt(var1[c] + eps)
@@ -1276,14 +1349,18 @@ def _columns_forward_kernel(x2, w1, b1, has_b, eps, centered, stats_given, mean1
     w, b = _per_position(w1, S), _per_position(b1, S)
     for i in prange(n_chunks):
         scratch = np.empty(min(P, STREAM_CHUNK_BYTES // y2.itemsize) if stream else 0, dtype=y2.dtype)
-        _column_normalize(x2, y2, mh, ml, r, w, b, has_b, i * per, min(N, (i + 1) * per), scratch, stream)
+        n_first, n_last = i * per, min(N, (i + 1) * per)
+        _column_normalize(x2, y2, valid, has_mask, mh, ml, r, w, b, has_b, n_first, n_last, scratch, stream)
         if stream:
             _store_fence()
 
 
-def _columns_backward_kernel(dy2, x2, mean1, rstd1, w1, use_mean, fixed, dx2, sums, S, n_chunks, stream):
-    """BatchNorm's backward on the (N, C*S) views; ``sums`` (4, C) receives the channels' sums of dy, dy * xhat
-    (dbias, dweight), dxhat and dxhat * xhat, unless it is empty (fixed statistics, no affine gradients)."""
+def _columns_backward_kernel(
+    dy2, x2, valid, has_mask, mean1, rstd1, w1, use_mean, fixed, dx2, sums, S, n_chunks, stream
+):
+    """BatchNorm's backward on the (N, C*S) views (over the valid rows, as the forward); ``sums`` (4, C) receives
+    the channels' sums of dy, dy * xhat (dbias, dweight), dxhat and dxhat * xhat, unless it is empty (fixed
+    statistics, no affine gradients)."""
     N, P = x2.shape
     G = mean1.shape[0]
     per = (N + n_chunks - 1) // n_chunks
@@ -1296,20 +1373,24 @@ def _columns_backward_kernel(dy2, x2, mean1, rstd1, w1, use_mean, fixed, dx2, su
         mu, r64 = _per_position(mean_used, S), _per_position(rstd1, S)
         part = np.empty((n_chunks, 2, P))
         for i in prange(n_chunks):
-            _column_dy_sums(dy2, x2, mu, r64, i * per, min(N, (i + 1) * per), part[i])
+            _column_dy_sums(dy2, x2, valid, has_mask, mu, r64, i * per, min(N, (i + 1) * per), part[i])
         for k in range(2):
             _fold_chunks(part[:, k], S, 1.0, sums[k])
-        _column_dxhat_sums(dy2, x2, mean_used, rstd1, w1, S, sums)
+        _column_dxhat_sums(dy2, x2, valid, has_mask, mean_used, rstd1, w1, S, sums)
         if not fixed:
+            m = _valid_rows(valid, has_mask, N) * S
             for c in range(G):
-                proj[c] = sums[3, c] / (N * S)
-                mdx[c] = sums[2, c] / (N * S) if use_mean else 0.0
+                proj[c] = sums[3, c] / m
+                mdx[c] = sums[2, c] / m if use_mean else 0.0
     mh, ml, r = _xhat_factors(x2, mean_used, rstd1, S)
     w = _per_position(w1, S)
     proj_x, mdx_x = _per_position(proj.astype(dx2.dtype), S), _per_position(mdx.astype(dx2.dtype), S)
     for i in prange(n_chunks):
         scratch = np.empty(min(P, STREAM_CHUNK_BYTES // dx2.itemsize) if stream else 0, dtype=dx2.dtype)
-        _column_dx(dy2, x2, dx2, mh, ml, r, w, proj_x, mdx_x, fixed, i * per, min(N, (i + 1) * per), scratch, stream)
+        _column_dx(
+            dy2, x2, dx2, valid, has_mask, mh, ml, r, w, proj_x, mdx_x, fixed, i * per, min(N, (i + 1) * per), scratch,
+            stream,
+        )  # fmt: skip
         if stream:
             _store_fence()
 
@@ -1532,10 +1613,15 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_
 
 
 def _by_columns(shape: tuple[int, ...], itemsize: int, reduce_batch: bool, mask: np.ndarray | None) -> bool:
-    """Whether a call goes to the columns kernels: BatchNorm (``reduce_batch``, one run per block) without a
-    mask, in runs shorter than COLUMNS_MAX_RUN_BYTES."""
+    """Whether a call goes to the columns kernels: BatchNorm (``reduce_batch``, one run per block) in runs
+    shorter than COLUMNS_MAX_RUN_BYTES, without a mask or with one that marks whole rows (runs of one value)."""
     _, _, K, S = shape
-    return reduce_batch and mask is None and K == 1 and S * itemsize < COLUMNS_MAX_RUN_BYTES
+    return reduce_batch and (mask is None or S == 1) and K == 1 and S * itemsize < COLUMNS_MAX_RUN_BYTES
+
+
+def _valid_rows_of(mask: np.ndarray | None, N: int) -> np.ndarray:
+    """The columns kernels' row mask: mask (N, 1) as (N,), or an empty stand-in without one."""
+    return np.empty(0, dtype=np.bool_) if mask is None else np.ascontiguousarray(mask).reshape(N)
 
 
 def _column_rows_stream(P: int, itemsize: int) -> bool:
@@ -1601,7 +1687,8 @@ def norm_forward(
     if _by_columns(x.shape, x.itemsize, reduce_batch, mask):
         _kernel("columns forward", x.size)(
             xc.reshape(N, G * S), w2.reshape(G), b2.reshape(G), bias is not None, float(eps), centered,
-            stats is not None, mean2.reshape(G), var2.reshape(G), y.reshape(N, G * S), S, _column_chunks(N),
+            _valid_rows_of(mask, N), mask is not None, stats is not None, mean2.reshape(G), var2.reshape(G),
+            y.reshape(N, G * S), S, _column_chunks(N),
             _streams(y, out, G * S, short_aligned_blocks=False) and _column_rows_stream(G * S, x.itemsize),
         )  # fmt: skip
         return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
@@ -1669,8 +1756,9 @@ def norm_backward(
     if _by_columns(x.shape, np.dtype(common).itemsize, reduce_batch, mask):
         sums = np.empty((4, G if affine or not fixed_stats else 0))
         _kernel("columns backward", x.size)(
-            dy3.reshape(N, G * L), x3.reshape(N, G * L), mean2.reshape(G), rstd2.reshape(G), w2.reshape(G),
-            centered or fixed_stats, fixed_stats, dx.reshape(N, G * L), sums, S, _column_chunks(N),
+            dy3.reshape(N, G * L), x3.reshape(N, G * L), _valid_rows_of(mask, N), mask is not None, mean2.reshape(G),
+            rstd2.reshape(G), w2.reshape(G), centered or fixed_stats, fixed_stats, dx.reshape(N, G * L), sums, S,
+            _column_chunks(N),
             stream(G * L) and _column_rows_stream(G * L, dx.itemsize),
         )  # fmt: skip
         dweight, dbias = (sums[1].reshape(G, K), sums[0].reshape(G, K)) if affine else (None, None)
