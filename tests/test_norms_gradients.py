@@ -141,7 +141,7 @@ def draw_case(kind: str, data: st.DataObject) -> Case:
 @given(data=st.data())
 def test_gradcheck_every_input(kind: str, data: st.DataObject) -> None:
     """gradcheck on x and the affine parameters. A draw whose Jacobian lies entirely below gradcheck's atol
-    tells a right gradient from none (gradcheck warns), and is drawn again: two values per group without
+    cannot tell a right gradient from none (gradcheck warns), and is drawn again: two values per group without
     an affine, where xhat is +-sqrt(var / (var + eps)) whatever x is, and dy/dx about eps / var."""
     case = draw_case(kind, data)
     assume(len(case.inputs) > 1 or np.abs(case.closed(case.inputs[0].data)).max() >= 1e-5)

@@ -1090,8 +1090,11 @@ def _column_squares(x2, valid, has_mask, n_first, n_last, acc):
 
 @numba.njit(cache=True, error_model="numpy", inline="always")
 def _merged_moments(sum_a, m2_a, n_a, sum_b, m2_b, n_b):
-    """(sum, M2) of two sets of n_a and n_b values from theirs (Chan, Golub and LeVeque's update): sum = sum_a + sum_b,
-    M2 = M2_a + M2_b + (sum_b / n_b - sum_a / n_a)^2 * n_a * n_b / (n_a + n_b)."""
+    """(sum, M2) of two sets of n_a and n_b > 0 values from theirs (Chan, Golub and LeVeque's update):
+    sum = sum_a + sum_b, M2 = M2_a + M2_b + (sum_b / n_b - sum_a / n_a)^2 * n_a * n_b / (n_a + n_b); the second
+    set's own if the first is empty (n_a = 0)."""
+    if n_a == 0:
+        return sum_b, m2_b
     delta = sum_b / n_b - sum_a / n_a
     return sum_a + sum_b, m2_a + m2_b + delta * delta * (n_a * n_b / (n_a + n_b))
 
@@ -1147,10 +1150,7 @@ def _column_moments(x2, valid, has_mask, n_first, n_last, out):
                     tile_m2[p] += d * d
             first, stop = _valid_run(valid, has_mask, stop, t1)
         for p in range(P):
-            if n_a == 0:
-                total[p], m2[p] = tile_sum[p], tile_m2[p]
-            else:
-                total[p], m2[p] = _merged_moments(total[p], m2[p], n_a, tile_sum[p], tile_m2[p], n_b)
+            total[p], m2[p] = _merged_moments(total[p], m2[p], n_a, tile_sum[p], tile_m2[p], n_b)
         n_a += n_b
     return n_a
 
@@ -1159,25 +1159,23 @@ def _column_moments(x2, valid, has_mask, n_first, n_last, out):
 def _fold_moments(part, counts, S, var1):
     """var1[c] = M2 / (n * S) of channel c, from the chunks' (sum, M2) per position in part (n_chunks, 2, P) over
     counts[k] rows each (n in all): the chunks merged in chunk order, then the S positions of the channel (n
-    values each), by ``_merged_moments``. No row at all gives 0/0, NaN, as in the reference."""
+    values each), by ``_merged_moments``; returns n. No row at all gives 0/0, NaN, as in the reference."""
     n_chunks, _, P = part.shape
-    total, m2 = part[0, 0].copy(), part[0, 1].copy()
-    n_a = counts[0]
-    for k in range(1, n_chunks):
+    total, m2 = np.zeros(P), np.zeros(P)
+    n_a = 0
+    for k in range(n_chunks):
         n_b = counts[k]
         if n_b == 0:  # (the last chunks of some N are empty, a chunk may be all masked)
             continue
         for p in range(P):
-            if n_a == 0:
-                total[p], m2[p] = part[k, 0, p], part[k, 1, p]
-            else:
-                total[p], m2[p] = _merged_moments(total[p], m2[p], n_a, part[k, 0, p], part[k, 1, p], n_b)
+            total[p], m2[p] = _merged_moments(total[p], m2[p], n_a, part[k, 0, p], part[k, 1, p], n_b)
         n_a += n_b
     for c in range(var1.shape[0]):
         t, m = total[c * S], m2[c * S]
         for s in range(1, S):
             t, m = _merged_moments(t, m, s * n_a, total[c * S + s], m2[c * S + s], n_a)
         var1[c] = m / (n_a * S)
+    return n_a
 
 
 @_item
@@ -1333,8 +1331,8 @@ def _columns_forward_kernel(
         counts = np.empty(n_chunks, np.int64)
         for i in prange(n_chunks):
             counts[i] = _column_moments(x2, valid, has_mask, i * per, min(N, (i + 1) * per), part[i])
-        _fold_chunks(part[:, 0], S, _valid_rows(valid, has_mask, N) * S, mean1)
-        _fold_moments(part, counts, S, var1)
+        n = _fold_moments(part, counts, S, var1)
+        _fold_chunks(part[:, 0], S, n * S, mean1)
     elif not stats_given:
         part = np.empty((n_chunks, P))
         for c in range(G):
