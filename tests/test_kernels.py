@@ -15,7 +15,8 @@ quantities on the right exact, from the reference in float64):
 
 * y:  |numba - reference| <= 8 u (|xhat * w| + |b|)
 * dx: |numba - reference| <= 16 u rstd (|dxhat| + |xhat| mean_g|dxhat * xhat| + mean_g|dxhat|)
-* a row's dweight and dbias (LayerNorm, RMSNorm: terms summed in float32 over blocks of R rows):
+* a row's dweight and dbias (LayerNorm, RMSNorm, and blocks of short runs taken as rows, ``_as_rows``: terms
+  summed in float32 over blocks of R rows):
   (R + 8) u sum_n |dy * xhat| and (R + 2) u sum_n |dy|
 
 The inputs are drawn as offset + spread * N(0, 1) with |offset| / spread <= 1e3, so
@@ -92,7 +93,9 @@ def float32_bounds(case: dict, mean: np.ndarray, var: np.ndarray, fixed: bool) -
     dxhat = np.abs(dy * w)
     dx_bound = 16 * U32 * rstd * (dxhat + np.abs(xhat) * group_mean(dxhat * np.abs(xhat)) + group_mean(dxhat))
     bounds = {"y": y_bound, "dx": dx_bound, "dweight": None, "dbias": None}
-    if S == 1 and case["mask"] is None and not rb:  # rows (LayerNorm, RMSNorm): terms summed in float32 blocks
+    # rows (LayerNorm, RMSNorm; blocks in short runs, _as_rows): terms summed in float32 blocks
+    rows = S == 1 and case["mask"] is None and not rb
+    if rows or numba_cpu._as_rows(x.shape, case["x"].itemsize, rb, case["mask"], backward=True, dweight=True):
         R = numba_cpu.TERM_BLOCK_ROWS
         bounds["dweight"] = (R + 8) * U32 * np.abs(dy * xhat).sum(axis=(0, 3))
         bounds["dbias"] = (R + 2) * U32 * np.abs(dy).sum(axis=(0, 3))
@@ -319,14 +322,15 @@ def test_rows_of_several_groups_split_inside_a_sample(dtype, centered, eval_stat
 @pytest.mark.parametrize("centered", [True, False])
 @pytest.mark.parametrize("eval_stats", [False, True])
 @pytest.mark.parametrize("reduce_batch", [False, True])
-@pytest.mark.parametrize("view", [(65, 2, 5, 3), (65, 2, 1, 7)])
+@pytest.mark.parametrize("view", [(65, 2, 5, 260), (65, 2, 1, 260)])
 def test_blocks_in_pairs_and_alone(dtype, centered, eval_stats, reduce_batch, view):
     """Blocks (InstanceNorm/GroupNorm, S > 1): 65 samples of 2 groups are 130 blocks, 3 per forward work
     item, so the forward takes a pair of blocks (straddling two samples in every other item) and one
     alone. With given statistics it takes no pairs. Blocks of one run (K == 1: InstanceNorm) have their
     backward sums taken in pairs too: the backward's work items hold 3 samples of a group (a pair and
     one alone) or 2, and a BatchNorm channel (reduce_batch) 32 pairs and one alone. The offset of the
-    second group tests each block's mean on its own."""
+    second group tests each block's mean on its own. (Runs of 260 values: shorter ones are taken as rows.)"""
+    assert not numba_cpu._as_rows(view, np.dtype(dtype).itemsize, reduce_batch, None, backward=True, dweight=True)
     rng = np.random.default_rng(10)
     x = (rng.standard_normal(view) + np.array([2.0, -300.0])[:, None, None]).astype(dtype)
     w = rng.standard_normal(view[1:3]).astype(dtype)
@@ -339,10 +343,40 @@ def test_the_backward_items_of_the_pairs_test_hold_pairs_and_blocks_alone():
     """What ``test_blocks_in_pairs_and_alone`` relies on: its K == 1 view's backward items (chunks of
     samples) hold 3 samples, a pair and one alone, or 2."""
     N, G = 65, 2
-    n_chunks = numba_cpu._n_chunks(N, G, 7, reduce_batch=False)
+    n_chunks = numba_cpu._n_chunks(N, G, 260, reduce_batch=False, has_mask=False)
     per_chunk = -(-N // n_chunks)
     sizes = {min(N, c * per_chunk + per_chunk) - c * per_chunk for c in range(n_chunks) if c * per_chunk < N}
     assert sizes == {3, 2}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("centered", [True, False])
+@pytest.mark.parametrize("eval_stats", [False, True])
+@pytest.mark.parametrize("view", [(1000, 3, 4, 3), (2000, 3, 2, 5), (20, 40, 2, 6), (2000, 3, 1, 5), (60, 4, 3, 30)])
+def test_blocks_of_short_runs_as_rows(dtype, centered, eval_stats, view):
+    """GroupNorm and InstanceNorm blocks in short runs go to the row loops as rows with a weight and bias per
+    value (``_as_rows``), their dweight and dbias summed over each run's positions after. The backward's work
+    items: 62 chunks of samples and blocks of two groups and one ((1000, 3, ...)), 64 chunks of all three
+    groups, the rows in memory order ((2000, 3, ...)), and one chunk of a group each ((20, 40, ...)); blocks of
+    one run (InstanceNorm, (2000, 3, 1, 5)) too. Runs of 30 values go as rows in the backward only: float32
+    (120 bytes) with dweight/dbias or without, float64 (240 bytes) only without."""
+    itemsize = np.dtype(dtype).itemsize
+    forward, backward, backward_no_affine = (
+        numba_cpu._as_rows(view, itemsize, False, None, backward=b, dweight=d)
+        for b, d in ((False, False), (True, True), (True, False))
+    )
+    assert backward_no_affine
+    assert forward == (view[3] < 30)
+    assert backward == (view[3] < 30 or dtype == np.float32)
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(view) + np.array([2.0, -300.0, 0.5] * (view[1] // 3 + 1))[: view[1], None, None]).astype(
+        dtype
+    )
+    w = rng.standard_normal(view[1:3]).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=False, mask=None, eval_stats=eval_stats)
+    for need_affine_grads in (True, False):
+        check_case({**case, "centered": centered, "need_affine_grads": need_affine_grads})
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -371,7 +405,7 @@ def test_float32_row_terms_are_summed_in_short_blocks():
     rstd = 1.0 / np.sqrt(var + EPS)
     got = numba_cpu.norm_backward(dy, x, mean, rstd, w)
     want = reference.norm_backward(dy, x, mean, rstd, w)
-    assert numba_cpu._n_chunks(N, 1, 1, False) == 64  # 256 rows per chunk
+    assert numba_cpu._n_chunks(N, 1, 1, False, False) == 64  # 256 rows per chunk
     bounds = float32_bounds(
         dict(x=x, dy=dy, weight=w, bias=None, mask=None, centered=True, reduce_batch=False), mean, var, False
     )
@@ -554,11 +588,20 @@ def test_kernels_free_every_allocation_they_make(monkeypatch, view, reduce_batch
 
 @pytest.mark.parametrize(
     "shape, reduce_batch",
-    [((4096, 1, 64, 1), False), ((8, 16, 2, 2100), False), ((4096, 64, 1, 1), True), ((300, 40, 1, 24), True)],
+    [
+        ((4096, 1, 64, 1), False),
+        ((4096, 3, 8, 3), False),
+        ((40, 64, 2, 60), False),
+        ((8, 16, 2, 2100), False),
+        ((4096, 64, 1, 1), True),
+        ((300, 40, 1, 24), True),
+    ],
 )
 def test_bit_identical_across_thread_counts(shape, reduce_batch):
     """dweight/dbias go through fixed per-chunk partial sums (and BatchNorm's statistics in short runs, the
-    columns kernels', too): 1 thread and all threads agree bit for bit."""
+    columns kernels', too): 1 thread and all threads agree bit for bit. The second and third views are blocks
+    of short runs taken as rows (``_as_rows``), the backward's items all three groups of 64 chunks, or two
+    groups of 2 chunks."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal(shape).astype(np.float32)
     dy = rng.standard_normal(shape).astype(np.float32)

@@ -22,7 +22,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
 
 * Every sum (mean, variance, A, B, dweight, dbias) accumulates in float64, for float32 and
   float64 data alike, as in the reference (``np.float64(dy[i])``: in numba ``float()`` of a
-  float32 stays float32), but one: a row's dweight and dbias terms (LayerNorm, RMSNorm) are
+  float32 stays float32), but one: a row's dweight and dbias terms (LayerNorm, RMSNorm, and the
+  blocks of short runs that go as rows, ``_as_rows``) are
   summed in x's dtype over blocks of TERM_BLOCK_ROWS = 8 rows, and those block sums in float64
   (``_fold_terms``; for float32 data, the bound below).
 * The passes that write an output (y, dx) compute in the data's dtype, in the reference's
@@ -44,7 +45,7 @@ Design points, each one tested in ``tests/test_kernels.py``:
       dx:  16 u rstd (|dxhat| + |xhat| * mean|dxhat * xhat| + mean|dxhat|)     (means over the group)
   counting the roundings of the float32 operations (about one u per operation, on the
   terms, not on the possibly cancelled result) plus the reference's own final rounding.
-  A row's dweight and dbias (LayerNorm, RMSNorm; R = TERM_BLOCK_ROWS), sums over the rows n:
+  A row's dweight and dbias (LayerNorm, RMSNorm, blocks as rows; R = TERM_BLOCK_ROWS), sums over the rows n:
       dweight: (R + 8) u sum_n |dy * xhat|        dbias: (R + 2) u sum_n |dy|
   (a term dy * xhat rounds about 5 times, xhat as in y; a block's float32 sum adds R - 1
   roundings of its terms; the float64 sum of the blocks next to nothing; then both results
@@ -70,7 +71,9 @@ Design points, each one tested in ``tests/test_kernels.py``:
   ``reduce_batch``) or over row chunks and groups (backward), each item's loop a function of
   its own (``_forward_rows``...). Blocks that are rows with their own statistics (LayerNorm,
   RMSNorm) take loops of their own, which LLVM compiles to much less per-row work than the
-  general ones (half the time on 64-128 value rows). The forward row loop prefetches short
+  general ones (half the time on 64-128 value rows); so do the blocks of short runs
+  (InstanceNorm and GroupNorm on small maps), with the weight repeated over each run
+  (``_as_rows``). The forward row loop prefetches short
   rows (see ``_rows_ahead``); the forward of other blocks computes their statistics two blocks at
   a time (see ``_forward_groups``; the backward of blocks of one run takes its sums so too,
   ``_backward_sums_pair``) and, when it streams its output, prefetches the next block into L2 while
@@ -150,6 +153,10 @@ PREFETCH_MAX_ROW_BYTES = 2048
 PREFETCH_DISTANCE_BYTES = 2048
 # BatchNorm in runs shorter than this many bytes walks the batch in memory order: see the columns kernels.
 COLUMNS_MAX_RUN_BYTES = 128
+# Blocks with statistics of their own in runs of at most this many bytes go to the row loops: see _as_rows.
+ROWS_MAX_RUN_BYTES_FORWARD = 64
+ROWS_MAX_RUN_BYTES_BACKWARD = 128
+ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS = 256
 # The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
 # _column_moments.
 COLUMNS_TILE_BYTES = 256 * 1024
@@ -938,23 +945,26 @@ def _forward_groups(
 
 @_item
 def _backward_rows(
-    dy3, x3, mean2, rstd2, wg, use_mean, fixed, dx3, affine, pw, pb, terms, g, n_first, n_last, scratch, stream
-):
-    """Backward of the rows (n, g), n = n_first..n_last-1, each with its own statistics; dweight and
-    dbias terms into the partial rows pw, pb, summed first over blocks of TERM_BLOCK_ROWS rows in the
-    zeroed rows ``terms`` (2, L) of x's dtype (``_fold_terms``)."""
+    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, terms, n_first, n_last, g_first, g_last,
+    scratch, stream,
+):  # fmt: skip
+    """Backward of the rows (n, g), n = n_first..n_last-1, g = g_first..g_last-1, in memory order, each with its
+    own statistics; dweight and dbias terms into the partial rows pw[g], pb[g], summed first over blocks of
+    TERM_BLOCK_ROWS rows n in the zeroed rows ``terms[g - g_first]`` (2, L) of x's dtype (``_fold_terms``)."""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
-    wg, pw, pb = _borrowed(wg), _borrowed(pw), _borrowed(pb)
-    tw, tb = _borrowed(terms[0]), _borrowed(terms[1])
+    w2, pw, pb, terms = _borrowed(w2), _borrowed(pw), _borrowed(pb), _borrowed(terms)
     L = x3.shape[2]
     for n in range(n_first, n_last):
-        mu = mean2[n, g] if use_mean else 0.0
-        r = rstd2[n, g]
-        A, B = (0.0, 0.0) if fixed else _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
-        mdx = A / L if use_mean else 0.0
-        _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, affine, tw, tb)
-        if affine and ((n + 1 - n_first) % TERM_BLOCK_ROWS == 0 or n == n_last - 1):
-            _fold_terms(tw, tb, pw, pb)
+        fold = affine and ((n + 1 - n_first) % TERM_BLOCK_ROWS == 0 or n == n_last - 1)
+        for g in range(g_first, g_last):
+            mu = mean2[n, g] if use_mean else 0.0
+            r = rstd2[n, g]
+            wg, tw, tb = w2[g], terms[g - g_first, 0], terms[g - g_first, 1]
+            A, B = (0.0, 0.0) if fixed else _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
+            mdx = A / L if use_mean else 0.0
+            _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, affine, tw, tb)
+            if fold:
+                _fold_terms(tw, tb, pw[g], pb[g])
 
 
 @_item
@@ -1430,27 +1440,31 @@ def _backward_kernel(
     n_chunks = pdw.shape[0]
     per_chunk = (N + n_chunks - 1) // n_chunks
     rows = S == 1 and not has_mask and not reduce_batch
-    # work items: (chunk of samples, group) pairs; with reduce_batch one chunk, a channel each
-    for i in prange(n_chunks * G):
-        c = i // G
-        g = i % G
-        pw = pdw[c, g]
-        pb = pdb[c, g]
-        pw[:] = 0.0
-        pb[:] = 0.0
+    # work items: (chunk of samples, block of groups) pairs, each group's partial sums of a chunk the work of
+    # one item; a block is one group but for rows, whose items take as many groups as leave about _TARGET_ITEMS
+    # items, all of them when there are that many chunks: rows then go in memory order (see _n_chunks).
+    # With reduce_batch one chunk, a channel each.
+    g_blocks = min(G, (_TARGET_ITEMS + n_chunks - 1) // n_chunks) if rows else G
+    per_block = (G + g_blocks - 1) // g_blocks
+    for i in prange(n_chunks * g_blocks):
+        c = i // g_blocks
+        g_first = (i % g_blocks) * per_block
+        g_last = min(G, g_first + per_block)
+        pdw[c, g_first:g_last] = 0.0
+        pdb[c, g_first:g_last] = 0.0
         n_first = c * per_chunk
         n_last = min(N, n_first + per_chunk)
         scratch = np.empty(_scratch_len(L, S, rows, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
         if rows:
-            terms = np.zeros((2, L if affine else 0), dtype=x3.dtype)
+            terms = np.zeros((max(0, g_last - g_first), 2, L if affine else 0), dtype=x3.dtype)
             _backward_rows(
-                dy3, x3, mean2, rstd2, w2[g], use_mean, fixed, dx3, affine, pw, pb, terms, g, n_first, n_last, scratch,
-                stream,
+                dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
+                g_first, g_last, scratch, stream,
             )  # fmt: skip
         else:
             _backward_groups(
-                dy3, x3, mean2, rstd2, w2[g], use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pw, pb,
-                g, K, S, n_first, n_last, scratch, stream,
+                dy3, x3, mean2, rstd2, w2[g_first], use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine,
+                pdw[c, g_first], pdb[c, g_first], g_first, K, S, n_first, n_last, scratch, stream,
             )  # fmt: skip
         if stream:
             _store_fence()
@@ -1617,6 +1631,37 @@ def _by_columns(shape: tuple[int, ...], itemsize: int, reduce_batch: bool, mask:
     return reduce_batch and (mask is None or S == 1) and K == 1 and S * itemsize < COLUMNS_MAX_RUN_BYTES
 
 
+def _as_rows(
+    shape: tuple[int, ...], itemsize: int, reduce_batch: bool, mask: np.ndarray | None, backward: bool, dweight: bool
+) -> bool:
+    """Whether the kernels see blocks of K runs of S > 1 values as rows of L = K*S values (K = L, S = 1), with the
+    weight and bias repeated over each run's positions: blocks with statistics of their own, without a mask, in
+    runs of at most ROWS_MAX_RUN_BYTES_FORWARD (forward), ROWS_MAX_RUN_BYTES_BACKWARD (backward with dweight and
+    dbias) or ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS bytes (InstanceNorm and GroupNorm on small maps). The
+    rows' loops (``_forward_rows``, ``_backward_rows``) do the blocks' arithmetic with a weight per value, in
+    less time per block than the blocks' loops, which pay for each run (a normalize loop per run in the
+    forward, a sum call per run in the backward). A row's dweight and dbias terms are then summed per position
+    over blocks of rows in x's dtype (``_fold_terms``, with its float32 bound), and the positions of a run added
+    after.
+
+    Where the lines lie, measured against the blocks' loops in one process (the same compiled code, the
+    routing alternated call by call; 2 threads, cold caches, out= buffers, the AMD VM; K = 1, 4, 16 with
+    G = 64, 32, 8; x of 16 MiB and of 2 MiB), rows/blocks:
+    - runs of 16-32 bytes: forward 0.39-0.84, backward 0.18-0.91, without dweight/dbias 0.11-0.69;
+    - 64 bytes (float32 S = 16, float64 S = 8): forward 0.77-1.06, backward 0.26-1.05, without 0.19-0.83;
+    - 128 bytes: forward 0.82-1.21 (the losses at 2 MiB), backward 0.38-1.07, without 0.24-0.85;
+    - 256 bytes: forward 0.95-1.29, backward 0.50-1.31, without 0.34-0.95;
+    - 512 bytes: backward 0.74-1.33, without 0.56-1.03; 1024 bytes: without 0.71-1.16.
+    A block of float32 InstanceNorm on 4x4 maps (8192, 64, 1, 16): forward 0.77, backward 0.38, without
+    dweight/dbias 0.31 of the time; GroupNorm (1024, 32, 16, 4): 0.45, 0.30, 0.20."""
+    _, _, K, S = shape
+    if not backward:
+        max_run = ROWS_MAX_RUN_BYTES_FORWARD
+    else:
+        max_run = ROWS_MAX_RUN_BYTES_BACKWARD if dweight else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS
+    return not reduce_batch and mask is None and S > 1 and S * itemsize <= max_run
+
+
 def _valid_rows_of(mask: np.ndarray | None, N: int) -> np.ndarray:
     """The columns kernels' row mask: mask (N, 1) as (N,), or an empty stand-in without one."""
     return np.empty(0, dtype=np.bool_) if mask is None else np.ascontiguousarray(mask).reshape(N)
@@ -1642,12 +1687,20 @@ def _column_chunks(N: int) -> int:
     return max(1, min(_TARGET_ITEMS, N // _MIN_ROWS_PER_COLUMN_CHUNK))
 
 
-def _n_chunks(N: int, G: int, S: int, reduce_batch: bool) -> int:
+def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int:
     """How many row chunks the backward and its dweight/dbias partial sums use: a function of the shape only
     (never of the thread count), enough items to balance the threads, and few enough that
-    the partial buffers (n_chunks * G * K) stay small next to the data (N * G * K * S)."""
+    the partial buffers (n_chunks * G * K) stay small next to the data (N * G * K * S).
+
+    Blocks take a work item per (chunk, group), so about _TARGET_ITEMS / G chunks. Rows (S = 1, no mask) take
+    up to _TARGET_ITEMS chunks, and items of several groups (``_backward_kernel``): with all G groups to an item
+    they walk the rows in memory order. In items of one group, rows of one sample G * L values apart, a cache
+    line held rows of two or more items, fetched once for each: the backward of InstanceNorm's blocks of 8
+    values as rows ((8192, 64, 1, 8), float32 and float64) took 1.5-2x the time of the blocks' own loops."""
     if reduce_batch:
         return 1
+    if S == 1 and not has_mask:
+        return max(1, min(N, _TARGET_ITEMS, N // _MIN_TERMS_PER_CHUNK))
     return max(1, min(N, -(-_TARGET_ITEMS // G), N * S // _MIN_TERMS_PER_CHUNK))
 
 
@@ -1690,6 +1743,8 @@ def norm_forward(
             _streams(y, out, G * S, short_aligned_blocks=False) and _column_rows_stream(G * S, x.itemsize),
         )  # fmt: skip
         return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
+    if _as_rows(x.shape, x.itemsize, reduce_batch, mask, backward=False, dweight=False):
+        w2, b2, K, S = np.repeat(w2, S, axis=1), np.repeat(b2, S, axis=1), K * S, 1
     _kernel("forward", x.size)(
         xc.reshape(N, G, K * S),
         w2,
@@ -1760,6 +1815,13 @@ def norm_backward(
             stream(G * L) and _column_rows_stream(G * L, dx.itemsize),
         )  # fmt: skip
         dweight, dbias = (sums[1].reshape(G, K), sums[0].reshape(G, K)) if affine else (None, None)
+    elif _as_rows(x.shape, np.dtype(common).itemsize, reduce_batch, mask, backward=True, dweight=affine):
+        dweight, dbias = _backward_by_groups(
+            dy3, x3, mean2, rstd2, np.repeat(w2, S, axis=1), centered, reduce_batch, mask, fixed_stats, dx, affine,
+            stream(L),
+        )  # fmt: skip
+        if affine:  # (per position: each run's positions added)
+            dweight, dbias = dweight.reshape(G, K, S).sum(axis=2), dbias.reshape(G, K, S).sum(axis=2)
     else:
         dweight, dbias = _backward_by_groups(
             dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream(L)
@@ -1776,7 +1838,7 @@ def _backward_by_groups(dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask,
     N, G, L = x3.shape
     K = w2.shape[1]
     S = L // K
-    n_chunks = _n_chunks(N, G, S, reduce_batch)
+    n_chunks = _n_chunks(N, G, S, reduce_batch, mask is not None)
     # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them
     pdw = np.empty((n_chunks, G, K if affine else 0))
     pdb = np.empty_like(pdw)
