@@ -380,7 +380,8 @@ def test_cpu_identity_is_the_first_cpus_block_of_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     first = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
     cpuinfo.write_text(first + "\n" + first.replace("26", "25").replace("EPYC", "Other") + "\n")
-    assert machine.cpu_identity(cpuinfo) == {"cpu_family": "26", "cpu_model": "2", "cpu": "AMD EPYC"}
+    want = {"vendor": "AuthenticAMD", "cpu_family": "26", "cpu_model": "2", "cpu": "AMD EPYC"}
+    assert machine.cpu_identity(cpuinfo) == want
     assert machine.cpu_identity(tmp_path / "missing") == {}
 
 

@@ -1,5 +1,5 @@
-"""What the kernels' policies and the benchmark need to know of the machine: the size of its L3, and,
-for the benchmark's report, which CPU and caches the numbers come from."""
+"""What the kernels' policies and the benchmark need to know of the machine: the size of its L3, its CPU's
+vendor, and, for the benchmark's report, which CPU and caches the numbers come from."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ def cache_sizes(cache_dir: Path = CACHE_DIR) -> str:
 
 
 def cpu_identity(cpuinfo: Path = CPUINFO) -> dict[str, str]:
-    """The first CPU's "model name", "cpu family" and "model" from /proc/cpuinfo (those it has).
+    """The first CPU's "vendor_id", "model name", "cpu family" and "model" from /proc/cpuinfo (those it has).
 
     A VM's model name can be as vague as "AMD EPYC"; the family and model tell its generation (AMD
     family 25 is Zen 3 and Zen 4, 26 is Zen 5), which decides how wide its vectors are and how its
     prefetchers behave."""
-    wanted = {"model name": "cpu", "cpu family": "cpu_family", "model": "cpu_model"}
+    wanted = {"vendor_id": "vendor", "model name": "cpu", "cpu family": "cpu_family", "model": "cpu_model"}
     found: dict[str, str] = {}
     try:
         lines = cpuinfo.read_text().splitlines()

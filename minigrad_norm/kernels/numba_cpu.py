@@ -73,7 +73,7 @@ Design points, each one tested in ``tests/test_kernels.py``:
   RMSNorm) take loops of their own, which LLVM compiles to much less per-row work than the
   general ones (half the time on 64-128 value rows); so do the blocks of short runs
   (InstanceNorm and GroupNorm on small maps), with the weight repeated over each run
-  (``_as_rows``). The forward row loop prefetches short
+  (``_as_rows``). On Intel CPUs the forward row loop prefetches short
   rows (see ``_rows_ahead``); the forward of other blocks computes their statistics two blocks at
   a time (see ``_forward_groups``; the backward of blocks of one run takes its sums so too,
   ``_backward_sums_pair``) and, when it streams its output, prefetches the next block into L2 while
@@ -134,7 +134,7 @@ from numba.extending import intrinsic, overload
 
 from minigrad_norm.kernels import reference
 from minigrad_norm.kernels.buffers import POOL
-from minigrad_norm.kernels.machine import l3_bytes
+from minigrad_norm.kernels.machine import cpu_identity, l3_bytes
 
 # Below this many elements the serial compile runs: the parallel launch costs more than it saves.
 # With OMP_WAIT_POLICY=PASSIVE (see minigrad_norm.backend) waking the pool costs ~35 us per parallel
@@ -148,8 +148,9 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 STREAMING_STORE_MIN_BYTES = min(24 * 2**20, l3_bytes() // 4)
 STREAMING_STORE_MIN_BLOCK_BYTES = 2048
 STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES = 512
-# The forward row loop (LayerNorm, RMSNorm) prefetches rows of at most this many bytes, this far ahead: see _rows_ahead.
-PREFETCH_MAX_ROW_BYTES = 2048
+# The forward row loop (LayerNorm, RMSNorm) prefetches rows of at most this many bytes, this far ahead, on Intel
+# CPUs only (on AMD's it measured slower): see _rows_ahead.
+PREFETCH_MAX_ROW_BYTES = 2048 if cpu_identity().get("vendor") == "GenuineIntel" else 0
 PREFETCH_DISTANCE_BYTES = 2048
 # BatchNorm in runs shorter than this many bytes walks the batch in memory order: see the columns kernels.
 COLUMNS_MAX_RUN_BYTES = 128
@@ -308,7 +309,7 @@ def _prefetch_lines(run, level):
 @numba.njit(cache=True, inline="always")
 def _rows_ahead(L, itemsize):
     """How many rows of L values ahead the forward row loop prefetches: about PREFETCH_DISTANCE_BYTES,
-    and none (0) for rows longer than PREFETCH_MAX_ROW_BYTES.
+    and none (0) for rows longer than PREFETCH_MAX_ROW_BYTES (0 but on Intel CPUs: see the end).
 
     Between reading one row and the next, the forward does a row's worth of work that depends on the
     whole row (its mean, then its variance, a square root and a division: about 90 ns for 128 float64
@@ -335,7 +336,10 @@ def _rows_ahead(L, itemsize):
     first 8 KiB of the next x and dy blocks in an InstanceNorm/GroupNorm backward: 1.00-1.02 cold,
     1.11-1.13 hot.) Those were measured on the Intel VM. On the AMD EPYC (Zen 4) VM the short-row
     prefetch took float32 rows of 64-256 values 1.05-1.10 of the time hot, 1.03-1.09 cold, float64 rows
-    0.97-1.11: a little slower, kept for the Intel machines it helps. Rows of up to 16 KiB, 8 KiB ahead,
+    0.97-1.11, and a later session there measured the forward without it (``compare_kernels.py``, 2
+    threads) at float32 rows of 16 values 0.84-0.89 of the time (InstanceNorm's 4x4 maps, taken as rows,
+    0.78-0.87), of 64-512 values 0.84-1.07, float64 rows of 16 values 0.86-0.87, of 64-512 values
+    0.84-1.04, hot and cold: so only Intel CPUs prefetch. Rows of up to 16 KiB, 8 KiB ahead,
     took there float32 rows of 4096, 768 and 1024 values 1.10, 1.29 and 1.15 of the time cold, 1.11,
     1.26, 1.28 hot. Nor, for rows of 16 KiB or more, each 1 KiB piece of the next row into L2
     (``prefetcht1``) as the normalize pass reaches it: 0.88-0.91 of the time on the Intel VM (LayerNorm
