@@ -119,9 +119,12 @@ def channel_case(norm: str, shape: tuple[int, int, int, int], groups: int | None
 
 
 def listed_cases() -> list[Case]:
-    """The shapes of issue 4, and BatchNorm1d on (N, C), whose runs of one value take kernels of their own."""
+    """The shapes of issue 4; BatchNorm1d on (N, C), whose runs of one value take kernels of their own; and
+    InstanceNorm and GroupNorm on 4x4 maps, whose blocks of short runs go through the row loops (runs of 64
+    bytes in float32: see ``numba_cpu._as_rows``)."""
     rows = [(8192, 1024), (65536, 128), (512, 4096), (4096, 768)]
     image = (32, 64, 56, 56)
+    small_maps = (4096, 64, 4, 4)
     return [
         *(layer_norm_case(r, d) for r, d in rows),
         *(layer_norm_case(r, d, rms=True) for r, d in rows),
@@ -129,6 +132,8 @@ def listed_cases() -> list[Case]:
         channel_case("instance_norm2d", image),
         channel_case("group_norm", image, groups=8),
         batch_norm1d_case(8192, 1024),
+        channel_case("instance_norm2d", small_maps),
+        channel_case("group_norm", small_maps, groups=8),
     ]
 
 

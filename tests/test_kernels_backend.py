@@ -445,9 +445,23 @@ def test_bench_problem_views_match_each_norm():
     assert not rms.centered and not rms.has_bias
 
 
+def test_bench_small_maps_time_the_blocks_taken_as_rows():
+    """The 4x4-map cases are there to time InstanceNorm's and GroupNorm's blocks of short runs in the row loops
+    (``numba_cpu._as_rows``): the float32 forward (runs of 64 bytes) and the backward of both dtypes (float64
+    runs of 128 bytes)."""
+    from minigrad_norm.kernels import numba_cpu
+
+    small = [c for c in bench.listed_cases() if c.shape[2:] == (4, 4)]
+    assert {c.norm for c in small} == {"instance_norm2d", "group_norm"}
+    assert {c.view for c in small} == {(4096, 64, 1, 16), (4096, 8, 8, 16)}
+    for c in small:
+        assert numba_cpu._as_rows(c.view, 4, c.reduce_batch, None, backward=False, dweight=False)
+        assert numba_cpu._as_rows(c.view, 8, c.reduce_batch, None, backward=True, dweight=True)
+
+
 def test_bench_only_selects_norms():
     cases, sweep = bench.selected_cases(quick=False, only=["group_norm", "rms_norm"])
-    assert {c.norm for c in cases} == {"group_norm", "rms_norm"} and len(cases) == 5
+    assert {c.norm for c in cases} == {"group_norm", "rms_norm"} and len(cases) == 6  # GroupNorm twice
     assert sweep == []  # the sweep is LayerNorm's
     cases, sweep = bench.selected_cases(quick=True, only=None)
     assert {c.norm for c in cases} == set(bench.NORMS) and {c.norm for c in sweep} == {"layer_norm"}
