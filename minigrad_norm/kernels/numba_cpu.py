@@ -848,7 +848,11 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
     # one row at a time: rows in pairs, as the blocks of _forward_groups, took float32 rows of 1024 values
     # 0.91-0.92 of the time (hot and cold), but rows of 128 values 1.00-1.11, of 768 0.94-1.06, float64 rows
     # 0.96-1.06 (compare_kernels.py, 2 threads, the Intel VM); on the AMD VM, rows of 4 KiB or more in pairs
-    # took float32 rows of 4096 values 1.01 (cold) and 1.09 (hot), of 1024 1.27 and 1.25, float64 rows 0.91-1.14
+    # took float32 rows of 4096 values 1.01 (cold) and 1.09 (hot), of 1024 1.27 and 1.25, float64 rows 0.91-1.14.
+    # (Rows of up to 64 bytes in batches of 4 KiB, each step over the whole batch, statistics, then rstd, then
+    # normalization, so that the rows' chains of dependent steps overlap, took on the AMD Zen 4 VM float32 rows of
+    # 8-16 values 0.82-0.95 of the time and float64 rows of 8 values 0.80-0.81, hot and cold, but a second copy of
+    # the loops in the item took the cold compile of every kernel from 54-56 s to 59-62 against a target of 60.)
     for q in range(first, last):
         xb = x[q]
         if ahead and q + ahead < last:
