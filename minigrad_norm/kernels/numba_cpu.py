@@ -156,6 +156,7 @@ PREFETCH_DISTANCE_BYTES = 2048
 COLUMNS_MAX_RUN_BYTES = 128
 # Blocks with statistics of their own in runs of at most this many bytes go to the row loops: see _as_rows.
 ROWS_MAX_RUN_BYTES_FORWARD = 64
+ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN = 128
 ROWS_MAX_RUN_BYTES_BACKWARD = 128
 ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS = 256
 # The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
@@ -1660,8 +1661,9 @@ def _as_rows(
 ) -> bool:
     """Whether the kernels see blocks of K runs of S > 1 values as rows of L = K*S values (K = L, S = 1), with the
     weight and bias repeated over each run's positions: blocks with statistics of their own, without a mask, in
-    runs of at most ROWS_MAX_RUN_BYTES_FORWARD (forward), ROWS_MAX_RUN_BYTES_BACKWARD (backward with dweight and
-    dbias) or ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS bytes (InstanceNorm and GroupNorm on small maps). The
+    runs of at most ROWS_MAX_RUN_BYTES_FORWARD (forward; ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN for blocks of one
+    run, InstanceNorm's), ROWS_MAX_RUN_BYTES_BACKWARD (backward with dweight and dbias) or
+    ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS bytes (InstanceNorm and GroupNorm on small maps). The
     rows' loops (``_forward_rows``, ``_backward_rows``) do the blocks' arithmetic with a weight per value, in
     less time per block than the blocks' loops, which pay for each run (a normalize loop per run in the
     forward, a sum call per run in the backward). A row's dweight and dbias terms are then summed per position
@@ -1673,14 +1675,15 @@ def _as_rows(
     G = 64, 32, 8; x of 16 MiB and of 2 MiB), rows/blocks:
     - runs of 16-32 bytes: forward 0.39-0.84, backward 0.18-0.91, without dweight/dbias 0.11-0.69;
     - 64 bytes (float32 S = 16, float64 S = 8): forward 0.77-1.06, backward 0.26-1.05, without 0.19-0.83;
-    - 128 bytes: forward 0.82-1.21 (the losses at 2 MiB), backward 0.38-1.07, without 0.24-0.85;
+    - 128 bytes: forward 0.82-1.21 (blocks of one run 0.82-0.92, of 4 and 16 runs 0.93-1.21), backward
+      0.38-1.07, without 0.24-0.85;
     - 256 bytes: forward 0.95-1.29, backward 0.50-1.31, without 0.34-0.95;
     - 512 bytes: backward 0.74-1.33, without 0.56-1.03; 1024 bytes: without 0.71-1.16.
     A block of float32 InstanceNorm on 4x4 maps (8192, 64, 1, 16): forward 0.77, backward 0.38, without
     dweight/dbias 0.31 of the time; GroupNorm (1024, 32, 16, 4): 0.45, 0.30, 0.20."""
     _, _, K, S = shape
     if not backward:
-        max_run = ROWS_MAX_RUN_BYTES_FORWARD
+        max_run = ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN if K == 1 else ROWS_MAX_RUN_BYTES_FORWARD
     else:
         max_run = ROWS_MAX_RUN_BYTES_BACKWARD if dweight else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS
     return not reduce_batch and mask is None and S > 1 and S * itemsize <= max_run
