@@ -529,10 +529,26 @@ def time_case(
     return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold)
 
 
+def compile_every_kernel() -> None:
+    """Calls every numba kernel (``numba_cpu._KERNELS``: the blocks' forward and backward, BatchNorm's columns
+    forward and backward in short runs, erf) in its serial and its parallel compile, on float32 and float64
+    data: on an empty numba cache, every compile there is (what ``startup_seconds(cold=True)`` times)."""
+    from minigrad_norm.kernels import numba_cpu
+
+    for dtype in (np.float32, np.float64):
+        for n in (4, 4 * numba_cpu.PARALLEL_MIN_ELEMENTS):  # the serial compile, then the parallel one
+            for shape, reduce_batch in (((n, 1, 2, 1), False), ((n, 2, 1, 1), True)):  # blocks, columns
+                x = np.ones(shape, dtype)
+                _, mean, var = numba_cpu.norm_forward(x, None, None, EPS, reduce_batch=reduce_batch)
+                rstd = 1 / np.sqrt(var + EPS)
+                numba_cpu.norm_backward(x, x, mean, rstd, np.ones(shape[1:3], dtype), reduce_batch=reduce_batch)
+            numba_cpu.erf(np.ones(n, dtype))
+
+
 def startup_seconds(cold: bool) -> float:
     """Wall time of a fresh process that imports minigrad_norm and runs one LayerNorm forward+backward
     through the Tensor API; ``cold`` gives it an empty numba cache and compiles every kernel for both
-    dtypes (serial and parallel) instead."""
+    dtypes (serial and parallel, ``compile_every_kernel``) instead."""
     script = (
         "import numpy as np, minigrad_norm as mg\n"
         "from minigrad_norm.norms import layer_norm\n"
@@ -541,14 +557,7 @@ def startup_seconds(cold: bool) -> float:
         "layer_norm(x, 768, w).sum().backward()\n"
     )
     if cold:
-        script = (
-            "import numpy as np\nfrom minigrad_norm.kernels import numba_cpu as k\n"
-            "for dt in (np.float32, np.float64):\n"
-            "    for n in (4, 4 * k.PARALLEL_MIN_ELEMENTS):\n"
-            "        x = np.ones((n, 1, 2, 1), dt)\n"
-            "        y, m, v = k.norm_forward(x, None, None, 1e-5)\n"
-            "        k.norm_backward(x, x, m, 1 / np.sqrt(v + 1e-5), np.ones((1, 2), dt)); k.erf(x)\n"
-        )
+        script = "from minigrad_norm.bench import compile_every_kernel\ncompile_every_kernel()\n"
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, **({"NUMBA_CACHE_DIR": cache} if cold else {}))
         if not cold:  # warm the cache first

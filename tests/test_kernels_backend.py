@@ -132,6 +132,30 @@ def test_second_process_loads_from_the_cache(tmp_path):
     assert second == ["1", "0"]
 
 
+def test_the_cold_compile_timing_calls_every_kernel_in_both_compiles_and_dtypes(monkeypatch):
+    """``bench.startup_seconds(cold=True)`` times ``compile_every_kernel`` on an empty cache: it must reach every
+    kernel, serial and parallel, on float32 and float64 data, or the timing leaves compiles out (it once left
+    out BatchNorm's columns kernels, a third of the whole)."""
+    from minigrad_norm.kernels import numba_cpu
+
+    called = set()
+
+    def recording(name, variant, kernel):
+        def call(*args):
+            called.add((name, variant, args[0].dtype.name))
+            return kernel(*args)
+
+        return call
+
+    monkeypatch.setattr(
+        numba_cpu,
+        "_KERNELS",
+        {name: tuple(recording(name, v, k) for v, k in enumerate(pair)) for name, pair in numba_cpu._KERNELS.items()},
+    )
+    bench.compile_every_kernel()
+    assert called == {(name, v, d) for name in numba_cpu._KERNELS for v in (0, 1) for d in ("float32", "float64")}
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="pins glibc's mmap threshold with mallopt")
 def test_repeated_calls_fault_in_no_fresh_pages():
     """What the buffer pool is for: with glibc's mmap threshold pinned at its default, 128 KiB (every
