@@ -1521,7 +1521,7 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
     """``py_func`` jitted; the serial and parallel versions get distinct names, because numba's
     cache keys an entry by the function's name and bytecode, not by its compile flags.
 
-    The serial compiles are 11 s of the cold compile of every kernel (78-80 s, ``bench.compile_every_kernel``):
+    The serial compiles are 11 s of the cold compile of every kernel (78-91 s, ``bench.compile_every_kernel``):
     numba links the item functions into each kernel and generates their code again there, and again in the
     parallel kernel's prange body. One parallel compile run on one thread for small inputs instead
     (``numba.set_num_threads(1)`` around the call, and back) took that to 70 s, but every small call 1.14-1.24
