@@ -361,8 +361,8 @@ def test_blocks_of_short_runs_as_rows(dtype, centered, eval_stats, view):
     items: 62 chunks of samples and blocks of two groups and one ((1000, 3, ...)), 64 chunks of all three
     groups, the rows in memory order ((2000, 3, ...)), and one chunk of a group each ((20, 40, ...)); blocks of
     one run (InstanceNorm, (2000, 3, 1, 5)) too. Runs of 30 values go as rows in the backward: float32 (120
-    bytes) with dweight/dbias or without, float64 (240 bytes) only without; in the forward only float32 blocks
-    of one run (InstanceNorm's)."""
+    bytes) with dweight/dbias or without, float64 (240 bytes) without, or with them in blocks of one run
+    (InstanceNorm's, whose terms are one per row); in the forward only float32 blocks of one run."""
     itemsize = np.dtype(dtype).itemsize
     forward, backward, backward_no_affine = (
         numba_cpu._as_rows(view, itemsize, False, None, backward=b, dweight=d)
@@ -370,7 +370,7 @@ def test_blocks_of_short_runs_as_rows(dtype, centered, eval_stats, view):
     )
     assert backward_no_affine
     assert forward == (view[3] < 30 or (view[2] == 1 and dtype == np.float32))
-    assert backward == (view[3] < 30 or dtype == np.float32)
+    assert backward == (view[3] < 30 or dtype == np.float32 or view[2] == 1)
     rng = np.random.default_rng(11)
     x = (rng.standard_normal(view) + np.array([2.0, -300.0, 0.5] * (view[1] // 3 + 1))[: view[1], None, None]).astype(
         dtype
@@ -380,6 +380,27 @@ def test_blocks_of_short_runs_as_rows(dtype, centered, eval_stats, view):
     case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=False, mask=None, eval_stats=eval_stats)
     for need_affine_grads in (True, False):
         check_case({**case, "centered": centered, "need_affine_grads": need_affine_grads})
+
+
+def test_instance_norm_rows_sum_their_terms_per_row_in_float64():
+    """InstanceNorm's small maps taken as rows have one weight per row, so their dweight/dbias terms are summed per
+    row in float64 (``_backward_rows``), not per position in float32 blocks of TERM_BLOCK_ROWS rows. Each block of
+    8 rows here has one term of about 1 (the first row's first value) beside 15 of about 0.45 u: a float32 block
+    sum would lose the 7 beside the 1 in its position, 3.15 u of every block's 1 + 6.8 u. In float64 the results
+    are the reference's to its final rounding."""
+    N, S = 4096, 2
+    view = (N, 1, 1, S)
+    assert numba_cpu._as_rows(view, 4, False, None, backward=True, dweight=True)
+    x = np.tile(np.array([1.0, -1.0], dtype=np.float32), (N, 1)).reshape(view)  # xhat = +-1 (almost)
+    dy = np.full(view, 0.45 * U32, dtype=np.float32)
+    dy[::8, 0, 0, 0] = 1.0
+    w = np.ones((1, 1), dtype=np.float32)
+    _, mean, var = reference.norm_forward(x, w, None, EPS)
+    rstd = 1.0 / np.sqrt(var + EPS)
+    got = numba_cpu.norm_backward(dy, x, mean, rstd, w)
+    want = reference.norm_backward(dy, x, mean, rstd, w)
+    for name, g, v in (("dweight", got[1], want[1]), ("dbias", got[2], want[2])):
+        assert abs(float(g[0, 0]) - v[0, 0]) <= 1.5 * U32 * abs(v[0, 0]), (name, g, v)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

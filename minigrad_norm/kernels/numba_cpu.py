@@ -22,10 +22,11 @@ Design points, each one tested in ``tests/test_kernels.py``:
 
 * Every sum (mean, variance, A, B, dweight, dbias) accumulates in float64, for float32 and
   float64 data alike, as in the reference (``np.float64(dy[i])``: in numba ``float()`` of a
-  float32 stays float32), but one: a row's dweight and dbias terms (LayerNorm, RMSNorm, and the
-  blocks of short runs that go as rows, ``_as_rows``) are
+  float32 stays float32), but one: a row's dweight and dbias terms (LayerNorm, RMSNorm, and
+  GroupNorm's blocks of short runs that go as rows, ``_as_rows``) are
   summed in x's dtype over blocks of TERM_BLOCK_ROWS = 8 rows, and those block sums in float64
-  (``_fold_terms``; for float32 data, the bound below).
+  (``_fold_terms``; for float32 data, the bound below). (InstanceNorm's blocks that go as rows have one
+  weight per row, and sum their terms per row in float64: see ``_backward_rows``.)
 * The passes that write an output (y, dx) compute in the data's dtype, in the reference's
   operation order: for float32 data that is twice the lanes per vector register and no
   conversions (``benchmarks/compare_kernels.py a32ff77``, against the float64
@@ -45,7 +46,7 @@ Design points, each one tested in ``tests/test_kernels.py``:
       dx:  16 u rstd (|dxhat| + |xhat| * mean|dxhat * xhat| + mean|dxhat|)     (means over the group)
   counting the roundings of the float32 operations (about one u per operation, on the
   terms, not on the possibly cancelled result) plus the reference's own final rounding.
-  A row's dweight and dbias (LayerNorm, RMSNorm, blocks as rows; R = TERM_BLOCK_ROWS), sums over the rows n:
+  A row's dweight and dbias (LayerNorm, RMSNorm, GroupNorm's blocks as rows; R = TERM_BLOCK_ROWS), sums over n:
       dweight: (R + 8) u sum_n |dy * xhat|        dbias: (R + 2) u sum_n |dy|
   (a term dy * xhat rounds about 5 times, xhat as in y; a block's float32 sum adds R - 1
   roundings of its terms; the float64 sum of the blocks next to nothing; then both results
@@ -157,8 +158,8 @@ COLUMNS_MAX_RUN_BYTES = 128
 # Blocks with statistics of their own in runs of at most this many bytes go to the row loops: see _as_rows.
 ROWS_MAX_RUN_BYTES_FORWARD = 64
 ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN = 128
-ROWS_MAX_RUN_BYTES_BACKWARD = 128
-ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS = 256
+ROWS_MAX_RUN_BYTES_BACKWARD = 128  # (with dweight/dbias, K > 1)
+ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS = 256  # (without them, or for blocks of one run)
 # The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
 # _column_moments.
 COLUMNS_TILE_BYTES = 256 * 1024
@@ -987,19 +988,40 @@ def _backward_rows(
 ):  # fmt: skip
     """Backward of the rows (n, g), n = n_first..n_last-1, g = g_first..g_last-1, in memory order, each with its
     own statistics; dweight and dbias terms into the partial rows pw[g], pb[g], summed first over blocks of
-    TERM_BLOCK_ROWS rows n in the zeroed rows ``terms[g - g_first]`` (2, L) of x's dtype (``_fold_terms``)."""
+    TERM_BLOCK_ROWS rows n in the zeroed rows ``terms[g - g_first]`` (2, L) of x's dtype (``_fold_terms``).
+
+    Rows whose weight is one value repeated (InstanceNorm's small maps taken as rows, ``_as_rows``: partial rows
+    of one value, pw[g] = [dweight[g]]) have one dweight and one dbias term per row: their sums pass takes
+    sum(dy) and sum(dy * xhat) with the two sums dx needs, in float64, as the blocks' loops do (``_dy_sums``),
+    and adds them to pw[g] and pb[g], so that the dx pass carries no terms. Against the terms per value, which
+    cost each value two more stores and each row's call a fixed 12 ns (``_dx_row_affine``),
+    ``benchmarks/compare_kernels.py`` (2 threads, the AMD Zen 4 VM) took the InstanceNorm backward on 4x4 maps
+    (4096, 64, 1, 16) 0.77-0.79 of the time from cold caches (0.75-0.80 hot), float64 0.61; maps of 8 values
+    0.73 (float64 0.72), of 32 float32 values 0.76. Without dweight/dbias 1.00-1.03."""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     w2, pw, pb, terms = _borrowed(w2), _borrowed(pw), _borrowed(pb), _borrowed(terms)
     L = x3.shape[2]
+    per_row = affine and pw.shape[1] == 1 and L > 1
+    per_value = affine and not per_row
+    no_mask = np.empty(0, np.bool_)
     for n in range(n_first, n_last):
-        fold = affine and ((n + 1 - n_first) % TERM_BLOCK_ROWS == 0 or n == n_last - 1)
+        fold = per_value and ((n + 1 - n_first) % TERM_BLOCK_ROWS == 0 or n == n_last - 1)
         for g in range(g_first, g_last):
             mu = mean2[n, g] if use_mean else 0.0
             r = rstd2[n, g]
             wg, tw, tb = w2[g], terms[g - g_first, 0], terms[g - g_first, 1]
-            A, B = (0.0, 0.0) if fixed else _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
+            if per_row:
+                a, b, A, B = _dy_sums(dy3[n, g], x3[n, g], no_mask, False, wg[0], mu, r)
+                pw[g, 0] += b
+                pb[g, 0] += a
+                if fixed:
+                    A, B = 0.0, 0.0
+            elif fixed:
+                A, B = 0.0, 0.0
+            else:
+                A, B = _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
             mdx = A / L if use_mean else 0.0
-            _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, affine, tw, tb)
+            _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, per_value, tw, tb)
             if fold:
                 _fold_terms(tw, tb, pw[g], pb[g])
 
@@ -1496,7 +1518,8 @@ def _backward_kernel(
         n_last = min(N, n_first + per_chunk)
         scratch = np.empty(_scratch_len(L, S, rows, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
         if rows:
-            terms = np.zeros((max(0, g_last - g_first), 2, L if affine else 0), dtype=x3.dtype)
+            per_value = affine and not (pdw.shape[2] == 1 and L > 1)  # (see _backward_rows)
+            terms = np.zeros((max(0, g_last - g_first), 2, L if per_value else 0), dtype=x3.dtype)
             _backward_rows(
                 dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
                 g_first, g_last, scratch, stream,
@@ -1688,12 +1711,13 @@ def _as_rows(
     weight and bias repeated over each run's positions: blocks with statistics of their own, without a mask, in
     runs of at most ROWS_MAX_RUN_BYTES_FORWARD (forward; ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN for blocks of one
     run, InstanceNorm's), ROWS_MAX_RUN_BYTES_BACKWARD (backward with dweight and dbias) or
-    ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS bytes (InstanceNorm and GroupNorm on small maps). The
+    ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS bytes (without them, or for blocks of one run, whose terms are
+    one per row: see ``_backward_rows``) (InstanceNorm and GroupNorm on small maps). The
     rows' loops (``_forward_rows``, ``_backward_rows``) do the blocks' arithmetic with a weight per value, in
     less time per block than the blocks' loops, which pay for each run (a normalize loop per run in the
     forward, a sum call per run in the backward). A row's dweight and dbias terms are then summed per position
     over blocks of rows in x's dtype (``_fold_terms``, with its float32 bound), and the positions of a run added
-    after.
+    after; but for blocks of one run, whose weight is one value per row, per row in float64 (``_backward_rows``).
 
     Where the lines lie, measured against the blocks' loops in one process (the same compiled code, the
     routing alternated call by call; 2 threads, cold caches, out= buffers, the AMD VM; K = 1, 4, 16 with
@@ -1705,12 +1729,15 @@ def _as_rows(
     - 256 bytes: forward 0.95-1.29, backward 0.50-1.31, without 0.34-0.95;
     - 512 bytes: backward 0.74-1.33, without 0.56-1.03; 1024 bytes: without 0.71-1.16.
     A block of float32 InstanceNorm on 4x4 maps (8192, 64, 1, 16): forward 0.77, backward 0.38, without
-    dweight/dbias 0.31 of the time; GroupNorm (1024, 32, 16, 4): 0.45, 0.30, 0.20."""
+    dweight/dbias 0.31 of the time; GroupNorm (1024, 32, 16, 4): 0.45, 0.30, 0.20. Blocks of one run of 256
+    bytes with dweight/dbias, once their terms went per row (``compare_kernels.py --cold`` against the blocks'
+    loops): float32 (1024, 64, 1, 64) 0.53, (512, 64, 1, 64) 0.60; float64 (2048, 64, 1, 32) 0.29, (512, 64, 1,
+    32) 0.53."""
     _, _, K, S = shape
     if not backward:
         max_run = ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN if K == 1 else ROWS_MAX_RUN_BYTES_FORWARD
     else:
-        max_run = ROWS_MAX_RUN_BYTES_BACKWARD if dweight else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS
+        max_run = ROWS_MAX_RUN_BYTES_BACKWARD if dweight and K > 1 else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS
     return not reduce_batch and mask is None and S > 1 and S * itemsize <= max_run
 
 
@@ -1870,9 +1897,9 @@ def norm_backward(
     elif _as_rows(x.shape, np.dtype(common).itemsize, reduce_batch, mask, backward=True, dweight=affine):
         dweight, dbias = _backward_by_groups(
             dy3, x3, mean2, rstd2, np.repeat(w2, S, axis=1), centered, reduce_batch, mask, fixed_stats, dx, affine,
-            stream(L),
+            stream(L), terms_per_row=K == 1,
         )  # fmt: skip
-        if affine:  # (per position: each run's positions added)
+        if affine and K > 1:  # (per position: each run's positions added)
             dweight, dbias = dweight.reshape(G, K, S).sum(axis=2), dbias.reshape(G, K, S).sum(axis=2)
     else:
         dweight, dbias = _backward_by_groups(
@@ -1884,15 +1911,18 @@ def norm_backward(
     return dx, dweight.astype(weight.dtype), dbias.astype(weight.dtype)
 
 
-def _backward_by_groups(dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream):
+def _backward_by_groups(
+    dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream, terms_per_row=False
+):
     """The backward by groups (``_backward_kernel``): dx into ``dx``; returns (dweight, dbias) in float64, or
-    (None, None) without ``affine``."""
+    (None, None) without ``affine``; with ``terms_per_row`` (rows whose weight is one value repeated) one value
+    per group, (G, 1)."""
     N, G, L = x3.shape
     K = w2.shape[1]
     S = L // K
     n_chunks = _n_chunks(N, G, S, reduce_batch, mask is not None)
     # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them
-    pdw = np.empty((n_chunks, G, K if affine else 0))
+    pdw = np.empty((n_chunks, G, (1 if terms_per_row else K) if affine else 0))
     pdb = np.empty_like(pdw)
     _kernel("backward", x3.size)(
         dy3,
