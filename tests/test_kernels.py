@@ -322,14 +322,14 @@ def test_rows_of_several_groups_split_inside_a_sample(dtype, centered, eval_stat
 @pytest.mark.parametrize("centered", [True, False])
 @pytest.mark.parametrize("eval_stats", [False, True])
 @pytest.mark.parametrize("reduce_batch", [False, True])
-@pytest.mark.parametrize("view", [(65, 2, 5, 260), (65, 2, 1, 260)])
+@pytest.mark.parametrize("view", [(65, 2, 5, 520), (65, 2, 1, 520)])
 def test_blocks_in_pairs_and_alone(dtype, centered, eval_stats, reduce_batch, view):
     """Blocks (InstanceNorm/GroupNorm, S > 1): 65 samples of 2 groups are 130 blocks, 3 per forward work
     item, so the forward takes a pair of blocks (straddling two samples in every other item) and one
     alone. With given statistics it takes no pairs. Blocks of one run (K == 1: InstanceNorm) have their
     backward sums taken in pairs too: the backward's work items hold 3 samples of a group (a pair and
     one alone) or 2, and a BatchNorm channel (reduce_batch) 32 pairs and one alone. The offset of the
-    second group tests each block's mean on its own. (Runs of 260 values: shorter ones are taken as rows.)"""
+    second group tests each block's mean on its own. (Runs of 520 values: shorter ones are taken as rows.)"""
     assert not numba_cpu._as_rows(view, np.dtype(dtype).itemsize, reduce_batch, None, backward=True, dweight=True)
     rng = np.random.default_rng(10)
     x = (rng.standard_normal(view) + np.array([2.0, -300.0])[:, None, None]).astype(dtype)
@@ -343,7 +343,7 @@ def test_the_backward_items_of_the_pairs_test_hold_pairs_and_blocks_alone():
     """What ``test_blocks_in_pairs_and_alone`` relies on: its K == 1 view's backward items (chunks of
     samples) hold 3 samples, a pair and one alone, or 2."""
     N, G = 65, 2
-    n_chunks = numba_cpu._n_chunks(N, G, 260, reduce_batch=False, has_mask=False)
+    n_chunks = numba_cpu._n_chunks(N, G, 520, reduce_batch=False, has_mask=False)
     per_chunk = -(-N // n_chunks)
     sizes = {min(N, c * per_chunk + per_chunk) - c * per_chunk for c in range(n_chunks) if c * per_chunk < N}
     assert sizes == {3, 2}

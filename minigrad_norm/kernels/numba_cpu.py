@@ -158,8 +158,9 @@ COLUMNS_MAX_RUN_BYTES = 128
 # Blocks with statistics of their own in runs of at most this many bytes go to the row loops: see _as_rows.
 ROWS_MAX_RUN_BYTES_FORWARD = 64
 ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN = 128
-ROWS_MAX_RUN_BYTES_BACKWARD = 128  # (with dweight/dbias, K > 1)
-ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS = 256  # (without them, or for blocks of one run)
+ROWS_MAX_RUN_BYTES_BACKWARD = 128
+ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS = 256
+ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN = 2048
 # The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
 # _column_moments.
 COLUMNS_TILE_BYTES = 256 * 1024
@@ -1711,8 +1712,9 @@ def _as_rows(
     weight and bias repeated over each run's positions: blocks with statistics of their own, without a mask, in
     runs of at most ROWS_MAX_RUN_BYTES_FORWARD (forward; ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN for blocks of one
     run, InstanceNorm's), ROWS_MAX_RUN_BYTES_BACKWARD (backward with dweight and dbias) or
-    ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS bytes (without them, or for blocks of one run, whose terms are
-    one per row: see ``_backward_rows``) (InstanceNorm and GroupNorm on small maps). The
+    ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS bytes (without them; ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN for
+    blocks of one run, whose terms are one per row, see ``_backward_rows``): InstanceNorm and GroupNorm on small
+    maps. The
     rows' loops (``_forward_rows``, ``_backward_rows``) do the blocks' arithmetic with a weight per value, in
     less time per block than the blocks' loops, which pay for each run (a normalize loop per run in the
     forward, a sum call per run in the backward). A row's dweight and dbias terms are then summed per position
@@ -1729,15 +1731,19 @@ def _as_rows(
     - 256 bytes: forward 0.95-1.29, backward 0.50-1.31, without 0.34-0.95;
     - 512 bytes: backward 0.74-1.33, without 0.56-1.03; 1024 bytes: without 0.71-1.16.
     A block of float32 InstanceNorm on 4x4 maps (8192, 64, 1, 16): forward 0.77, backward 0.38, without
-    dweight/dbias 0.31 of the time; GroupNorm (1024, 32, 16, 4): 0.45, 0.30, 0.20. Blocks of one run of 256
-    bytes with dweight/dbias, once their terms went per row (``compare_kernels.py --cold`` against the blocks'
-    loops): float32 (1024, 64, 1, 64) 0.53, (512, 64, 1, 64) 0.60; float64 (2048, 64, 1, 32) 0.29, (512, 64, 1,
-    32) 0.53."""
+    dweight/dbias 0.31 of the time; GroupNorm (1024, 32, 16, 4): 0.45, 0.30, 0.20.
+    Blocks of one run (InstanceNorm's), once their terms went per row, against the blocks' loops
+    (``compare_kernels.py --cold``, the AMD Zen 4 VM; backward, backward without dweight/dbias): runs of 256
+    bytes, float32 (1024, 64, 1, 64) 0.53 with them, (512, 64, 1, 64) 0.60, float64 (2048, 64, 1, 32) 0.29, (512,
+    64, 1, 32) 0.53; of 512 bytes float32 0.69 and 0.57, float64 0.62 and 0.54; of 1 KiB 0.71-0.81; of 2 KiB
+    0.71-0.88; of 4 KiB 0.93-1.05. Their forward as rows took runs of 256 bytes to 1 KiB 1.14-1.46 of the time."""
     _, _, K, S = shape
     if not backward:
         max_run = ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN if K == 1 else ROWS_MAX_RUN_BYTES_FORWARD
+    elif K == 1:
+        max_run = ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN
     else:
-        max_run = ROWS_MAX_RUN_BYTES_BACKWARD if dweight and K > 1 else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS
+        max_run = ROWS_MAX_RUN_BYTES_BACKWARD if dweight else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS
     return not reduce_batch and mask is None and S > 1 and S * itemsize <= max_run
 
 
