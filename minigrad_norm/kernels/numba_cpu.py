@@ -982,6 +982,13 @@ def _forward_groups(
         q += step
 
 
+@numba.njit(cache=True, inline="always")
+def _terms_per_row(affine, K, L):
+    """Whether rows of L values whose dweight/dbias partial rows hold K values sum their terms per row: one weight
+    per row (K == 1 < L, InstanceNorm's small maps taken as rows; see ``_backward_rows``)."""
+    return affine and K == 1 and L > 1
+
+
 @_item
 def _backward_rows(
     dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, terms, n_first, n_last, g_first, g_last,
@@ -1002,7 +1009,7 @@ def _backward_rows(
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     w2, pw, pb, terms = _borrowed(w2), _borrowed(pw), _borrowed(pb), _borrowed(terms)
     L = x3.shape[2]
-    per_row = affine and pw.shape[1] == 1 and L > 1
+    per_row = _terms_per_row(affine, pw.shape[1], L)
     per_value = affine and not per_row
     no_mask = np.empty(0, np.bool_)
     for n in range(n_first, n_last):
@@ -1519,7 +1526,7 @@ def _backward_kernel(
         n_last = min(N, n_first + per_chunk)
         scratch = np.empty(_scratch_len(L, S, rows, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
         if rows:
-            per_value = affine and not (pdw.shape[2] == 1 and L > 1)  # (see _backward_rows)
+            per_value = affine and not _terms_per_row(affine, pdw.shape[2], L)
             terms = np.zeros((max(0, g_last - g_first), 2, L if per_value else 0), dtype=x3.dtype)
             _backward_rows(
                 dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
