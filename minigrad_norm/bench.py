@@ -530,14 +530,17 @@ def time_case(
 
 
 def compile_every_kernel() -> None:
-    """Calls every numba kernel (``numba_cpu._KERNELS``: the blocks' forward and backward, BatchNorm's columns
-    forward and backward in short runs, erf) in its serial and its parallel compile, on float32 and float64
-    data: on an empty numba cache, every compile there is (what ``startup_seconds(cold=True)`` times)."""
+    """Calls every numba kernel (``numba_cpu._KERNELS``: the forward and backward of rows and of other blocks,
+    BatchNorm's columns forward and backward in short runs, erf) in its serial and its parallel compile, on
+    float32 and float64 data: on an empty numba cache, every compile there is (what ``startup_seconds(cold=True)``
+    times)."""
     from minigrad_norm.kernels import numba_cpu
 
+    run = 1024  # a block of one run of 4 KiB or more: the blocks' own loops, not rows (_as_rows)
     for dtype in (np.float32, np.float64):
-        for n in (4, 4 * numba_cpu.PARALLEL_MIN_ELEMENTS):  # the serial compile, then the parallel one
-            for shape, reduce_batch in (((n, 1, 2, 1), False), ((n, 2, 1, 1), True)):  # blocks, columns
+        for n in (run, 4 * numba_cpu.PARALLEL_MIN_ELEMENTS):  # the serial compile, then the parallel one
+            shapes = [((n // 2, 1, 2, 1), False), ((n // run, 1, 1, run), False), ((n // 2, 2, 1, 1), True)]
+            for shape, reduce_batch in shapes:  # rows, blocks, BatchNorm's columns
                 x = np.ones(shape, dtype)
                 _, mean, var = numba_cpu.norm_forward(x, None, None, EPS, reduce_batch=reduce_batch)
                 rstd = 1 / np.sqrt(var + EPS)

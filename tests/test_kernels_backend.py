@@ -123,13 +123,31 @@ def test_second_process_loads_from_the_cache(tmp_path):
         from minigrad_norm.kernels import numba_cpu
         x = np.ones((3, 1, 4, 1))
         numba_cpu.norm_forward(x, None, None, 1e-5)
-        serial = numba_cpu._KERNELS["forward"][0]
+        serial = numba_cpu._KERNELS["forward rows"][0]
         print(len(serial.stats.cache_hits), len(serial.stats.cache_misses))
     """
     first = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
     second = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
     assert first == ["0", "1"]
     assert second == ["1", "0"]
+
+
+def test_a_layer_norm_compiles_the_row_kernels_only(tmp_path):
+    """Rows and other blocks have kernels of their own, so that a LayerNorm's first call compiles no item function
+    of the blocks (they were more than half of its compile time)."""
+    code = """
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu
+        x = np.ones((3, 1, 4, 1), np.float32)
+        _, mean, var = numba_cpu.norm_forward(x, np.ones((1, 4), np.float32), None, 1e-5)
+        numba_cpu.norm_backward(x, x, mean, 1 / np.sqrt(var + 1e-5), np.ones((1, 4), np.float32))
+        compiled = {name for name, pair in numba_cpu._KERNELS.items() if any(k.signatures for k in pair)}
+        items = [f for f in ("_forward_rows", "_backward_rows", "_forward_groups", "_backward_groups")
+                 if getattr(numba_cpu, f).signatures]
+        print(sorted(compiled), items)
+    """
+    out = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.strip()
+    assert out == "['backward rows', 'forward rows'] ['_forward_rows', '_backward_rows']"
 
 
 def test_the_cold_compile_timing_calls_every_kernel_in_both_compiles_and_dtypes(monkeypatch):

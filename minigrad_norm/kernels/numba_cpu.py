@@ -836,6 +836,14 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S):
 # both compiles of a kernel: inlined into the parallel one's prange body, the same loops made the cold
 # compile of every kernel take 61-64 s instead of 34 (``minigrad-norm bench``'s start-up timing).
 #
+# The functions these loops call per block or per row are inlined by numba (``inline="always"``), each call
+# site a copy to type and optimize: without that on any helper the cold compile of every kernel took 62 s
+# instead of 81, but rows of 16 values 2-2.6x the time (LLVM left the row functions as calls); without it on
+# the block functions only (``_normalize_block``, ``_dx_block``, ``_backward_sums``...), 72 s, but the
+# forward of InstanceNorm's 8x8 maps 1.41x and 16x16 maps 1.12x (``compare_kernels.py --cold``, 2 threads,
+# the AMD Zen 4 VM); with ``_stream_copy`` and ``_block_ahead`` left as calls as well (even where the branch
+# to them is not taken), the rows' backward and the blocks' forward 1.28-1.45x.
+#
 # Rows (S == 1, no mask, statistics per block: LayerNorm, RMSNorm) take loops of their own, which LLVM
 # compiles to much less per-row work than the general loops: serial, in cache, the forward took 0.6-0.8x
 # the time on rows of 64-128 values (0.9-1.0x on 1024), the backward 0.4-0.6x (0.85x on 1024).
@@ -1474,69 +1482,104 @@ def _columns_backward_kernel(
 
 
 # ---------------------------------------------------------------------------
-# the two kernels (each compiled serial and parallel, see _compile)
+# the kernels of the blocks (each compiled serial and parallel, see _compile)
+#
+# Rows (S == 1, no mask, statistics of their own: LayerNorm, RMSNorm, and the blocks that _as_rows takes as
+# rows) and the other blocks have kernels of their own, though one kernel could branch between their items:
+# a kernel compiles every item it calls, and the first float32 LayerNorm forward and backward (rows of 768
+# values, serial) compiled in 5.5 s instead of 13.9 with the blocks' items left out.
 
 
-def _forward_kernel(
-    x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S, stream
-):
-    N, G, L = x3.shape
-    # work items: a channel each (reduce_batch), else a run of consecutive (n, g) blocks in memory order.
-    # (No ``i if reduce_batch else ...`` below: prange's index is unsigned, and unified with a signed
-    # integer it becomes a float64, which compiled a float64 copy of each item function.)
-    groups = G if reduce_batch else N * G
+@numba.njit(cache=True, inline="always")
+def _work_items(groups, reduce_batch):
+    """(items, groups per item) of a forward: a channel each (reduce_batch), else runs of consecutive (n, g)
+    blocks in memory order, at most _TARGET_ITEMS of them."""
     items = groups if reduce_batch else min(groups, _TARGET_ITEMS)
-    per_item = (groups + items - 1) // max(items, 1)
-    rows = S == 1 and not has_mask and not reduce_batch and not stats_given
+    return items, (groups + items - 1) // max(items, 1)
+
+
+@numba.njit(cache=True, inline="always")
+def _chunk(c, N, n_chunks):
+    """(n_first, n_last) of row chunk c of the N rows (``_n_chunks``)."""
+    per_chunk = (N + n_chunks - 1) // n_chunks
+    return c * per_chunk, min(N, (c + 1) * per_chunk)
+
+
+def _forward_rows_kernel(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, stream):
+    N, G, L = x3.shape
+    items, per_item = _work_items(N * G, False)
     for i in prange(items):
         first = i * per_item
-        last = min(groups, first + per_item)
-        scratch = np.empty(_scratch_len(L, S, rows, y3.itemsize) if stream else 0, dtype=y3.dtype)
-        if rows:
-            _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last, scratch, stream)
-        else:
-            _forward_groups(
-                x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S,
-                first, last, scratch, stream,
-            )  # fmt: skip
+        last = min(N * G, first + per_item)
+        scratch = np.empty(_scratch_len(L, 1, True, y3.itemsize) if stream else 0, dtype=y3.dtype)
+        _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last, scratch, stream)
         if stream:
             _store_fence()
 
 
-def _backward_kernel(
-    dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pdw, pdb, K, S, stream
+def _forward_groups_kernel(
+    x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S, stream
 ):
     N, G, L = x3.shape
+    # (No ``i if reduce_batch else ...`` below: prange's index is unsigned, and unified with a signed
+    # integer it becomes a float64, which compiled a float64 copy of each item function.)
+    groups = G if reduce_batch else N * G
+    items, per_item = _work_items(groups, reduce_batch)
+    for i in prange(items):
+        first = i * per_item
+        last = min(groups, first + per_item)
+        scratch = np.empty(_scratch_len(L, S, False, y3.itemsize) if stream else 0, dtype=y3.dtype)
+        _forward_groups(
+            x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S,
+            first, last, scratch, stream,
+        )  # fmt: skip
+        if stream:
+            _store_fence()
+
+
+def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw, pdb, stream):
+    N, G, L = x3.shape
     n_chunks = pdw.shape[0]
-    per_chunk = (N + n_chunks - 1) // n_chunks
-    rows = S == 1 and not has_mask and not reduce_batch
-    # work items: (chunk of samples, block of groups) pairs, each group's partial sums of a chunk the work of
-    # one item; a block is one group but for rows, whose items take as many groups as leave about _TARGET_ITEMS
-    # items, all of them when there are that many chunks: rows then go in memory order (see _n_chunks).
-    # With reduce_batch one chunk, a channel each.
-    g_blocks = min(G, (_TARGET_ITEMS + n_chunks - 1) // n_chunks) if rows else G
+    # work items: (chunk of rows n, block of groups g) pairs, each block's partial sums of a chunk the work of
+    # one item, the blocks as many groups as leave about _TARGET_ITEMS items, all of them when there are that
+    # many chunks: rows then go in memory order (see _n_chunks)
+    g_blocks = min(G, (_TARGET_ITEMS + n_chunks - 1) // n_chunks)
     per_block = (G + g_blocks - 1) // g_blocks
+    per_value = affine and not _terms_per_row(affine, pdw.shape[2], L)
     for i in prange(n_chunks * g_blocks):
         c = i // g_blocks
         g_first = (i % g_blocks) * per_block
         g_last = min(G, g_first + per_block)
         pdw[c, g_first:g_last] = 0.0
         pdb[c, g_first:g_last] = 0.0
-        n_first = c * per_chunk
-        n_last = min(N, n_first + per_chunk)
-        scratch = np.empty(_scratch_len(L, S, rows, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
-        if rows:
-            per_value = affine and not _terms_per_row(affine, pdw.shape[2], L)
-            terms = np.zeros((max(0, g_last - g_first), 2, L if per_value else 0), dtype=x3.dtype)
-            _backward_rows(
-                dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
-                g_first, g_last, scratch, stream,
-            )  # fmt: skip
-        else:
-            _backward_groups(
-                dy3, x3, mean2, rstd2, w2[g_first], use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine,
-                pdw[c, g_first], pdb[c, g_first], g_first, K, S, n_first, n_last, scratch, stream,
-            )  # fmt: skip
+        n_first, n_last = _chunk(c, N, n_chunks)
+        scratch = np.empty(_scratch_len(L, 1, True, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
+        terms = np.zeros((max(0, g_last - g_first), 2, L if per_value else 0), dtype=x3.dtype)
+        _backward_rows(
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
+            g_first, g_last, scratch, stream,
+        )  # fmt: skip
+        if stream:
+            _store_fence()
+
+
+def _backward_groups_kernel(
+    dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pdw, pdb, K, S, stream
+):
+    N, G, L = x3.shape
+    n_chunks = pdw.shape[0]
+    # work items: (chunk of blocks n, group g) pairs; with reduce_batch one chunk, a channel each
+    for i in prange(n_chunks * G):
+        c = i // G
+        g = i % G
+        pdw[c, g] = 0.0
+        pdb[c, g] = 0.0
+        n_first, n_last = _chunk(c, N, n_chunks)
+        scratch = np.empty(_scratch_len(L, S, False, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
+        _backward_groups(
+            dy3, x3, mean2, rstd2, w2[g], use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pdw[c, g],
+            pdb[c, g], g, K, S, n_first, n_last, scratch, stream,
+        )  # fmt: skip
         if stream:
             _store_fence()
 
@@ -1552,15 +1595,17 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
     """``py_func`` jitted; the serial and parallel versions get distinct names, because numba's
     cache keys an entry by the function's name and bytecode, not by its compile flags.
 
-    The serial compiles are 11 s of the cold compile of every kernel (78-91 s, ``bench.compile_every_kernel``):
-    numba links the item functions into each kernel and generates their code again there, and again in the
-    parallel kernel's prange body. One parallel compile run on one thread for small inputs instead
-    (``numba.set_num_threads(1)`` around the call, and back) took that to 70 s, but every small call 1.06-1.24
-    of the time (a float32 LayerNorm forward of (64, 128) 31 against 36 microseconds, its backward 64 against
-    74; GroupNorm's and BatchNorm's alike, rows of 512 values 1.06-1.09; ``benchmarks/compare_kernels.py``,
-    hot), and with numba's workqueue threading layer (where it finds no OpenMP or TBB runtime) a one-thread
-    launch still wakes the pool, about 60 microseconds. Not taken: a one-time cost traded for one paid on every
-    small call. (Set inside the kernel, the thread count makes numba refuse to cache it: the setter is a pointer
+    The serial compiles were 11 s of the cold compile of every kernel (78-91 s, ``bench.compile_every_kernel``;
+    88 s since rows and blocks have kernels of their own, against 84 in the same hour): numba links the item
+    functions into each kernel and generates their code again there, and again in the parallel kernel's prange
+    body (and in the two wrappers numba builds around it). One parallel compile run on one thread for small
+    inputs instead (``numba.set_num_threads(1)`` around the call, and back) took that to 70 s, but every small
+    call 1.06-1.24 of the time (a float32 LayerNorm forward of (64, 128) 31 against 36 microseconds, its
+    backward 64 against 74; GroupNorm's and BatchNorm's alike, rows of 512 values 1.06-1.09;
+    ``benchmarks/compare_kernels.py``, hot), and with numba's workqueue threading layer (where it finds no
+    OpenMP or TBB runtime) a one-thread launch still wakes the pool, about 60 microseconds. Not taken: a
+    one-time cost traded for one paid on every small call. (Set inside the kernel, the thread count makes numba
+    refuse to cache it: the setter is a pointer
     into the threading layer.)"""
     name = f"{py_func.__name__}_{'parallel' if parallel else 'serial'}"
     clone = types.FunctionType(py_func.__code__, py_func.__globals__, name, py_func.__defaults__, py_func.__closure__)
@@ -1571,8 +1616,10 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
 _KERNELS = {
     name: (_compile(f, False), _compile(f, True))
     for name, f in (
-        ("forward", _forward_kernel),
-        ("backward", _backward_kernel),
+        ("forward rows", _forward_rows_kernel),
+        ("forward groups", _forward_groups_kernel),
+        ("backward rows", _backward_rows_kernel),
+        ("backward groups", _backward_groups_kernel),
         ("columns forward", _columns_forward_kernel),
         ("columns backward", _columns_backward_kernel),
         ("erf", _erf_kernel),
@@ -1786,7 +1833,7 @@ def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int
     the partial buffers (n_chunks * G * K) stay small next to the data (N * G * K * S).
 
     Blocks take a work item per (chunk, group), so about _TARGET_ITEMS / G chunks. Rows (S = 1, no mask) take
-    up to _TARGET_ITEMS chunks, and items of several groups (``_backward_kernel``): with all G groups to an item
+    up to _TARGET_ITEMS chunks, and items of several groups (``_backward_rows_kernel``): with all G groups to an item
     they walk the rows in memory order. In items of one group, rows of one sample G * L values apart, a cache
     line held rows of two or more items, fetched once for each: the backward of InstanceNorm's blocks of 8
     values as rows ((8192, 64, 1, 8), float32 and float64) took 1.5-2x the time of the blocks' own loops."""
@@ -1838,24 +1885,15 @@ def norm_forward(
         return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
     if _as_rows(x.shape, x.itemsize, reduce_batch, mask, backward=False, dweight=False):
         w2, b2, K, S = np.repeat(w2, S, axis=1), np.repeat(b2, S, axis=1), K * S, 1
-    _kernel("forward", x.size)(
-        xc.reshape(N, G, K * S),
-        w2,
-        b2,
-        bias is not None,
-        float(eps),
-        centered,
-        reduce_batch,
-        _mask2(mask, N),
-        mask is not None,
-        stats is not None,
-        mean2,
-        var2,
-        y.reshape(N, G, K * S),
-        K,
-        S,
-        _streams(y, out, K * S, short_aligned_blocks=False),
-    )
+    x3, y3 = xc.reshape(N, G, K * S), y.reshape(N, G, K * S)
+    stream = _streams(y, out, K * S, short_aligned_blocks=False)
+    if S == 1 and mask is None and not reduce_batch and stats is None:
+        _kernel("forward rows", x.size)(x3, w2, b2, bias is not None, float(eps), centered, mean2, var2, y3, stream)
+    else:
+        _kernel("forward groups", x.size)(
+            x3, w2, b2, bias is not None, float(eps), centered, reduce_batch, _mask2(mask, N), mask is not None,
+            stats is not None, mean2, var2, y3, K, S, stream,
+        )  # fmt: skip
     return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
 
 
@@ -1928,9 +1966,9 @@ def norm_backward(
 def _backward_by_groups(
     dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream, terms_per_row=False
 ):
-    """The backward by groups (``_backward_kernel``): dx into ``dx``; returns (dweight, dbias) in float64, or
-    (None, None) without ``affine``; with ``terms_per_row`` (rows whose weight is one value repeated) one value
-    per group, (G, 1)."""
+    """The backward of the blocks (``_backward_rows_kernel``, ``_backward_groups_kernel``): dx into ``dx``;
+    returns (dweight, dbias) in float64, or (None, None) without ``affine``; with ``terms_per_row`` (rows whose
+    weight is one value repeated) one value per group, (G, 1)."""
     N, G, L = x3.shape
     K = w2.shape[1]
     S = L // K
@@ -1938,25 +1976,15 @@ def _backward_by_groups(
     # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them
     pdw = np.empty((n_chunks, G, (1 if terms_per_row else K) if affine else 0))
     pdb = np.empty_like(pdw)
-    _kernel("backward", x3.size)(
-        dy3,
-        x3,
-        mean2,
-        rstd2,
-        w2,
-        centered or fixed_stats,
-        reduce_batch,
-        _mask2(mask, N),
-        mask is not None,
-        fixed_stats,
-        dx.reshape(N, G, L),
-        affine,
-        pdw,
-        pdb,
-        K,
-        S,
-        stream,
-    )
+    use_mean, dx3 = centered or fixed_stats, dx.reshape(N, G, L)
+    if S == 1 and mask is None and not reduce_batch:
+        rows = _kernel("backward rows", x3.size)
+        rows(dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb, stream)
+    else:
+        _kernel("backward groups", x3.size)(
+            dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, _mask2(mask, N), mask is not None, fixed_stats, dx3,
+            affine, pdw, pdb, K, S, stream,
+        )  # fmt: skip
     if not affine:
         return None, None
     # the partial sums added in chunk order: the same bits on any number of threads
