@@ -151,9 +151,9 @@ def test_a_layer_norm_compiles_the_row_kernels_only(tmp_path):
 
 
 def test_the_cold_compile_timing_calls_every_kernel_in_both_compiles_and_dtypes(monkeypatch):
-    """``bench.startup_seconds(cold=True)`` times ``compile_every_kernel`` on an empty cache: it must reach every
-    kernel, serial and parallel, on float32 and float64 data, or the timing leaves compiles out (it once left
-    out BatchNorm's columns kernels, a third of the whole)."""
+    """``bench.startup_seconds(True, every_kernel=True)`` times ``compile_every_kernel`` on an empty cache: it must
+    reach every kernel, serial and parallel, on float32 and float64 data, or the timing leaves compiles out (it
+    once left out BatchNorm's columns kernels, a third of the whole)."""
     from minigrad_norm.kernels import numba_cpu
 
     called = set()

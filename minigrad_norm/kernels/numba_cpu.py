@@ -473,7 +473,9 @@ def _row_dx_sums(dy, x, w, mu, r):
     (``_dx_row_affine``), so this pass, which reads the row from DRAM, does little else. Its arithmetic is
     hidden behind the memory: with the products in x's dtype (still summed in float64), a quarter less work
     per value in L1, the float32 LayerNorm backward took 0.97-1.01 of the time from cold caches on 2 threads
-    (0.92-0.98 on one; the AMD Zen 4 VM)."""
+    (0.92-0.98 on one; the AMD Zen 4 VM). Two rows' sums in one loop (four read streams, as the blocks'
+    ``_dy_sums_pair``) took it 0.94 on rows of 1024 values but 1.15 on 768, and without dweight/dbias 1.36-1.44
+    (``compare_kernels.py --cold``, 2 threads): not taken."""
     a = 0.0
     b = 0.0
     for i in range(dy.shape[0]):
@@ -875,7 +877,10 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
     # (Rows of up to 64 bytes in batches of 4 KiB, each step over the whole batch, statistics, then rstd, then
     # normalization, so that the rows' chains of dependent steps overlap, took on the AMD Zen 4 VM float32 rows of
     # 8-16 values 0.82-0.95 of the time and float64 rows of 8 values 0.80-0.81, hot and cold, but a second copy of
-    # the loops in the item took the cold compile of every kernel from 54-56 s to 59-62 against a target of 60.)
+    # the loops in the item took the cold compile of every kernel from 54-56 s to 59-62 against a target of 60;
+    # that timing left out the columns kernels, and the whole was 78-91 s. The same batches for rows of any length,
+    # one copy of the loops: rows of 8-16 values 0.70-0.97, but of 128 values 1.03-1.58, of 768-1024 values
+    # 0.84-1.14, on one thread, interleaved, float32 and float64.)
     for q in range(first, last):
         xb = x[q]
         if ahead and q + ahead < last:
