@@ -378,6 +378,12 @@ class Row:
     ms: dict[str, float]  # implementation -> median milliseconds
     stream: dict[str, float]  # STREAM copy and triad GB/s (all threads), timed in this row's rounds
     cold: bool = True  # each call timed from empty caches (else hot, in a loop)
+    quartiles: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # impl -> (p25, p75) ms
+
+    def spread(self, impl: str) -> float | None:
+        """The interquartile range of an implementation's times over its median, in percent."""
+        q, t = self.quartiles.get(impl), self.ms.get(impl)
+        return None if q is None or t is None else 100 * (q[1] - q[0]) / t
 
     def gbps(self, impl: str) -> float | None:
         t = self.ms.get(impl)
@@ -435,7 +441,21 @@ def interleaved_medians(
     before_timed: Callable[[], Any] | None = None,
     one_warmup: Sequence[str] = (),
 ) -> dict[str, float]:
-    """Median seconds per implementation, timed in rounds (one timed call of each per round, each on its
+    """Median seconds per implementation (``interleaved_times``)."""
+    times = interleaved_times(plan, torch, min_rounds, budget_s, warmup_calls, before_timed, one_warmup)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def interleaved_times(
+    plan: dict[str, tuple[int, Callable[[], Any]]],
+    torch: Any,
+    min_rounds: int,
+    budget_s: float,
+    warmup_calls: int = 1,
+    before_timed: Callable[[], Any] | None = None,
+    one_warmup: Sequence[str] = (),
+) -> dict[str, list[float]]:
+    """Seconds of every timed call per implementation, timed in rounds (one timed call of each per round, each on its
     own thread count) so that a change in the machine's load hits all of them alike.
 
     Each timed call comes right after ``warmup_calls`` untimed calls of the same implementation, so that
@@ -486,7 +506,7 @@ def interleaved_medians(
         numba.set_num_threads(saved[0])
         if torch is not None:
             torch.set_num_threads(saved[1])
-    return {name: statistics.median(v) for name, v in times.items()}
+    return times
 
 
 def time_case(
@@ -522,11 +542,13 @@ def time_case(
     for name in STREAM_KERNELS:
         plan[f"STREAM {name}"] = (all_threads, stream.kernels[name])
     evict = stream.evict if cold else None
-    medians = interleaved_medians(plan, torch, reps, budget, WARMUP_CALLS, evict, one_warmup=("numpy",))
-    ms = {impl: 1e3 * t for impl, t in medians.items()}
+    times = interleaved_times(plan, torch, reps, budget, WARMUP_CALLS, evict, one_warmup=("numpy",))
+    quartiles = {impl: [1e3 * q for q in statistics.quantiles(t, n=4, method="inclusive")] for impl, t in times.items()}
+    ms = {impl: q[1] for impl, q in quartiles.items()}
     bandwidth = {name: stream.bytes[name] / (1e-3 * ms.pop(f"STREAM {name}")) / 1e9 for name in STREAM_KERNELS}
+    spread = {impl: (q[0], q[2]) for impl, q in quartiles.items() if impl in ms}
     nbytes = BYTES_PER_X[direction] * p.x.nbytes
-    return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold)
+    return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold, spread)
 
 
 def compile_every_kernel() -> None:
@@ -658,13 +680,14 @@ def _plain_percent(row: Row) -> float | None:
 def format_table(report: Report, markdown: bool = False) -> str:
     """The results as a table: times, GB/s and fraction of STREAM for numba, and ratios."""
     head = ["norm", "shape", "dtype", "dir"] + [f"{i} ms" for i in IMPLS]
-    head += ["copy GB/s", "out= GB/s", "% copy", "% triad", "% plain x", "x numpy", "x torch"]
+    head += ["out= IQR %", "copy GB/s", "out= GB/s", "% copy", "% triad", "% plain x", "x numpy", "x torch"]
     lines = []
     for r in report.rows + report.sweep:
         lines.append(
             [r.norm, "x".join(map(str, r.shape)), r.dtype, r.direction]
             + [_f(r.ms.get(i), ".3g") for i in IMPLS]
             + [
+                _f(r.spread("numba out="), ".0f"),
                 _f(r.stream["copy"], ".1f"),
                 _f(r.gbps("numba out="), ".1f"),
                 _f(_percent(r, "numba out=", "copy"), ".0f"),
@@ -775,7 +798,9 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "Columns: median ms per call (numpy = reference; '1t' = one thread; numba = allocating outputs "
         "(from the buffer pool, minigrad_norm.kernels.buffers), 'out=' = preallocated (64-byte aligned); "
         "torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
-        "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|); '% copy'/'% triad' compare it with STREAM copy/triad on all "
+        "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|), and 'out= IQR %' the spread of its calls' times (the interquartile "
+        "range over the median: how far one run's figures can be trusted; every implementation's quartiles are in "
+        "the JSON); '% copy'/'% triad' compare it with STREAM copy/triad on all "
         "threads ('copy GB/s'), timed in the same rounds as the implementations: round-robin, "
         f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own (numpy: 1); "
         "'% plain x' is the time of plain kernels moving the same bytes, timed in the same rounds ('copy x' "

@@ -220,6 +220,9 @@ def test_bench_runs_end_to_end(tmp_path):
         assert row.gbps("copy x") == pytest.approx(2 * x_bytes / row.ms["copy x"] / 1e6)
         assert row.gbps("triad x") == pytest.approx(3 * x_bytes / row.ms["triad x"] / 1e6)
         assert all(t > 0 for t in row.ms.values())
+        assert all(q[0] <= row.ms[impl] <= q[1] for impl, q in row.quartiles.items()) and set(row.quartiles) == set(
+            row.ms
+        )
     assert report.stream["copy 1t"] > 0 and report.stream["triad 1t"] > 0 and report.stream["memcpy 1t"] > 0
     text = bench.format_report(report, markdown=True)
     assert "group_norm" in text and "STREAM" in text and report.machine["cpu"] in text
@@ -234,18 +237,21 @@ def test_bench_times_stream_in_the_rows_own_rounds(monkeypatch):
     monkeypatch.setattr(stream, "measure", lambda *a, **k: pytest.fail("STREAM measured outside the rounds"))
     seen = {}
 
-    def fake_medians(plan, torch, min_rounds, budget_s, warmup_calls=1, before_timed=None, one_warmup=()):
+    def fake_times(plan, torch, min_rounds, budget_s, warmup_calls=1, before_timed=None, one_warmup=()):
         seen.update(plan)
         seen["one_warmup"] = tuple(one_warmup)
-        return {name: 1e-3 * (i + 1) for i, name in enumerate(plan)}  # made-up medians: 1, 2, 3... ms
+        # made-up calls: medians 1, 2, 3... ms, quartiles at 0.75 and 1.5 of the median
+        return {name: [1e-3 * (i + 1) * f for f in (2.0, 0.5, 1.0, 1.5, 0.75)] for i, name in enumerate(plan)}
 
-    monkeypatch.setattr(bench, "interleaved_medians", fake_medians)
+    monkeypatch.setattr(bench, "interleaved_times", fake_times)
     p = bench.Problem.make(bench.layer_norm_case(8, 16), np.dtype(np.float64))
     row = bench.time_case(p, "fwd", None, stream, 2, quick=True, impls=("numba out=", "numpy"), cold=False)
     assert list(seen) == ["numba out=", "numpy", "STREAM copy", "STREAM triad", "one_warmup"]
     assert seen["one_warmup"] == ("numpy",)
     assert seen["STREAM copy"] == (2, stream.kernels["copy"]) and seen["STREAM triad"] == (2, stream.kernels["triad"])
-    assert row.ms == {"numba out=": 1.0, "numpy": 2.0}
+    assert row.ms == pytest.approx({"numba out=": 1.0, "numpy": 2.0})
+    assert row.quartiles == {"numba out=": pytest.approx((0.75, 1.5)), "numpy": pytest.approx((1.5, 3.0))}
+    assert row.spread("numba out=") == pytest.approx(75.0)
     assert row.stream == pytest.approx(
         {"copy": stream.bytes["copy"] / 3e-3 / 1e9, "triad": stream.bytes["triad"] / 4e-3 / 1e9}
     )
