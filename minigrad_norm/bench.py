@@ -551,29 +551,11 @@ def time_case(
     return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold, spread)
 
 
-def compile_every_kernel() -> None:
-    """Calls every numba kernel (``numba_cpu._KERNELS``: the forward and backward of rows and of other blocks,
-    BatchNorm's columns forward and backward in short runs, erf) in its serial and its parallel compile, on
-    float32 and float64 data: on an empty numba cache, every compile there is (what
-    ``startup_seconds(True, every_kernel=True)`` times)."""
-    from minigrad_norm.kernels import numba_cpu
-
-    run = 1024  # a block of one run of 4 KiB or more: the blocks' own loops, not rows (_as_rows)
-    for dtype in (np.float32, np.float64):
-        for n in (run, 4 * numba_cpu.PARALLEL_MIN_ELEMENTS):  # the serial compile, then the parallel one
-            shapes = [((n // 2, 1, 2, 1), False), ((n // run, 1, 1, run), False), ((n // 2, 2, 1, 1), True)]
-            for shape, reduce_batch in shapes:  # rows, blocks, BatchNorm's columns
-                x = np.ones(shape, dtype)
-                _, mean, var = numba_cpu.norm_forward(x, None, None, EPS, reduce_batch=reduce_batch)
-                rstd = 1 / np.sqrt(var + EPS)
-                numba_cpu.norm_backward(x, x, mean, rstd, np.ones(shape[1:3], dtype), reduce_batch=reduce_batch)
-            numba_cpu.erf(np.ones(n, dtype))
-
-
 def startup_seconds(cold: bool, every_kernel: bool = False) -> float:
     """Wall time of a fresh process that imports minigrad_norm and runs one float32 LayerNorm forward+backward
-    of (4096, 768) through the Tensor API (with ``every_kernel``, ``compile_every_kernel`` instead): on numba's
-    cache as a first such process left it, or with ``cold`` on an empty one, so that it compiles what it runs."""
+    of (4096, 768) through the Tensor API (with ``every_kernel``, ``numba_cpu.compile_every_kernel`` instead):
+    on numba's cache as a first such process left it, or with ``cold`` on an empty one, so that it compiles what
+    it runs."""
     script = (
         "import numpy as np, minigrad_norm as mg\n"
         "from minigrad_norm.norms import layer_norm\n"
@@ -582,7 +564,7 @@ def startup_seconds(cold: bool, every_kernel: bool = False) -> float:
         "layer_norm(x, 768, w).sum().backward()\n"
     )
     if every_kernel:
-        script = "from minigrad_norm.bench import compile_every_kernel\ncompile_every_kernel()\n"
+        script = "from minigrad_norm.kernels.numba_cpu import compile_every_kernel\ncompile_every_kernel()\n"
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
         if not cold:  # warm the cache first

@@ -1,4 +1,4 @@
-"""The ``minigrad-norm`` command line: ``check`` (and, as they land, ``bench``, ``train``, ``depth``)."""
+"""The ``minigrad-norm`` command line: ``check``, ``bench``, ``compile``, ``train``, ``depth``."""
 
 from __future__ import annotations
 
@@ -197,6 +197,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    import time
+
+    from minigrad_norm import backend
+
+    kernels = backend._load_numba()
+    if kernels is None:
+        print("compile: numba is unavailable: the NumPy backend has nothing to compile", file=sys.stderr)
+        return 1
+    t = time.perf_counter()
+    kernels.compile_every_kernel(args.dtype, progress=not args.no_progress)
+    seconds = time.perf_counter() - t
+    print(f"compiled every kernel for {' and '.join(args.dtype)} in {seconds:.0f} s, cached in {kernels.cache_path()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minigrad-norm", description="Backprop through normalization layers: verify, time, train."
@@ -219,6 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-startup", action="store_true", help="skip the fresh-process start-up timings")
     bench.add_argument("--only", nargs="+", metavar="NAME", help="only these norms, e.g. layer_norm group_norm")
     bench.set_defaults(run=cmd_bench)
+
+    compile_ = sub.add_parser(
+        "compile", help="compile every numba kernel now, into numba's cache, so that first use only loads them"
+    )
+    compile_.add_argument(
+        "--dtype", nargs="+", choices=["float32", "float64"], default=["float32", "float64"], help="(default both)"
+    )
+    compile_.add_argument("--no-progress", action="store_true", help="no progress bar")
+    compile_.set_defaults(run=cmd_compile)
 
     train = sub.add_parser("train", help="train a small Transformer LM on a generated sequence task")
     train.add_argument(

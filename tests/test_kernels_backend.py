@@ -170,8 +170,11 @@ def test_the_cold_compile_timing_calls_every_kernel_in_both_compiles_and_dtypes(
         "_KERNELS",
         {name: tuple(recording(name, v, k) for v, k in enumerate(pair)) for name, pair in numba_cpu._KERNELS.items()},
     )
-    bench.compile_every_kernel()
+    numba_cpu.compile_every_kernel()
     assert called == {(name, v, d) for name in numba_cpu._KERNELS for v in (0, 1) for d in ("float32", "float64")}
+    called.clear()
+    numba_cpu.compile_every_kernel(["float32"])
+    assert called == {(name, v, "float32") for name in numba_cpu._KERNELS for v in (0, 1)}
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="pins glibc's mmap threshold with mallopt")

@@ -128,3 +128,26 @@ def test_bad_option_values_are_refused_before_any_work(capsys, no_work, argv, me
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"{argv[0]}: {message}") and err.count("\n") == 1
+
+
+def test_compile_compiles_every_kernel_for_the_dtypes_asked_and_says_where(monkeypatch, capsys):
+    from minigrad_norm.kernels import numba_cpu
+
+    calls = []
+    monkeypatch.setattr(numba_cpu, "compile_every_kernel", lambda dtypes, progress: calls.append((dtypes, progress)))
+    assert main(["compile", "--dtype", "float32", "--no-progress"]) == 0
+    assert main(["compile"]) == 0
+    assert calls == [(["float32"], False), (["float32", "float64"], True)]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("compiled every kernel for float32 in ")
+    assert out[0].endswith(f"cached in {numba_cpu.cache_path()}") and out[1].startswith(
+        "compiled every kernel for float32 and float64"
+    )
+
+
+def test_compile_without_numba_says_there_is_nothing_to_compile(monkeypatch, capsys):
+    from minigrad_norm import backend
+
+    monkeypatch.setattr(backend, "_load_numba", lambda: None)
+    assert main(["compile"]) == 1
+    assert capsys.readouterr().err == "compile: numba is unavailable: the NumPy backend has nothing to compile\n"

@@ -123,7 +123,7 @@ from __future__ import annotations
 import math
 import platform
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numba
 import numpy as np
@@ -2004,3 +2004,27 @@ def erf(x: np.ndarray) -> np.ndarray:
     y = POOL.empty(flat.shape, x.dtype)
     _kernel("erf", flat.size)(flat, y)
     return y.reshape(x.shape)
+
+
+def compile_every_kernel(dtypes: Sequence[str] = ("float32", "float64"), progress: bool = False) -> None:
+    """Calls every kernel (``_KERNELS``: the forward and backward of rows and of other blocks, BatchNorm's
+    columns forward and backward in short runs, erf) in its serial and its parallel compile, on data of each
+    of ``dtypes``: on an empty numba cache, every compile there is, which later processes then load
+    (``minigrad-norm compile``, and what ``bench.startup_seconds(True, every_kernel=True)`` times)."""
+    from tqdm import tqdm
+
+    run = 1024  # a block of one run of 4 KiB or more: the blocks' own loops, not rows (_as_rows)
+    steps = [(np.dtype(d), n) for d in dtypes for n in (run, 4 * PARALLEL_MIN_ELEMENTS)]  # serial, parallel
+    for dtype, n in tqdm(steps, desc="compile", unit="step", disable=not progress):
+        rows, blocks, columns = (n // 2, 1, 2, 1), (n // run, 1, 1, run), (n // 2, 2, 1, 1)
+        for shape, reduce_batch in ((rows, False), (blocks, False), (columns, True)):
+            x = np.ones(shape, dtype)
+            _, mean, var = norm_forward(x, None, None, 1e-5, reduce_batch=reduce_batch)
+            norm_backward(x, x, mean, 1 / np.sqrt(var + 1e-5), np.ones(shape[1:3], dtype), reduce_batch=reduce_batch)
+        erf(np.ones(n, dtype))
+
+
+def cache_path() -> str:
+    """The directory numba caches the kernels in: ``NUMBA_CACHE_DIR``, else ``__pycache__`` beside this file
+    where that is writable, else a directory of the user's (numba's choice)."""
+    return _KERNELS["erf"][0]._cache.cache_path
