@@ -347,7 +347,9 @@ def _rows_ahead(L, itemsize):
     1.26, 1.28 hot. Nor, for rows of 16 KiB or more, each 1 KiB piece of the next row into L2
     (``prefetcht1``) as the normalize pass reaches it: 0.88-0.91 of the time on the Intel VM (LayerNorm
     512x4096, cold), but on the AMD VM of CPU family 26 (Zen 5, LLVM's ``znver5``) float32 1.21 cold and
-    1.13 hot, float64 1.00 and 0.98."""
+    1.13 hot, float64 1.00 and 0.98; on the Zen 4 VM (family 25), for streamed rows of 8 KiB or more, float64
+    rows of 8 and 12 KiB 0.87-0.92 cold, of 16 and 32 KiB 0.95-1.01, but float32 rows of 8, 12 and 16 KiB
+    1.05, 1.08 and 0.98-1.08 (and of 4 KiB 1.00-1.03): a gain for one dtype at a few lengths, not taken."""
     row_bytes = L * itemsize
     if row_bytes == 0 or row_bytes > PREFETCH_MAX_ROW_BYTES:
         return 0
