@@ -76,7 +76,7 @@ from minigrad_norm.kernels.machine import cache_sizes, cpu_identity, l3_bytes
 EPS = 1e-5
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
 BYTES_PER_X = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
-# untimed calls before each timed one: enough to reach a steady state (see interleaved_medians)
+# untimed calls before each timed one: enough to reach a steady state (see interleaved_times)
 WARMUP_CALLS = 3
 IMPLS = ("numpy", "numba 1t", "numba", "numba out=", "torch 1t", "torch", "copy x", "triad x")
 # the plain kernels each direction's bytes are compared with ("% plain x"), and the bytes each moves, per |x|
@@ -433,16 +433,10 @@ def _torch() -> Any:
 
 
 def interleaved_medians(
-    plan: dict[str, tuple[int, Callable[[], Any]]],
-    torch: Any,
-    min_rounds: int,
-    budget_s: float,
-    warmup_calls: int = 1,
-    before_timed: Callable[[], Any] | None = None,
-    one_warmup: Sequence[str] = (),
+    plan: dict[str, tuple[int, Callable[[], Any]]], torch: Any, min_rounds: int, budget_s: float, **options: Any
 ) -> dict[str, float]:
-    """Median seconds per implementation (``interleaved_times``)."""
-    times = interleaved_times(plan, torch, min_rounds, budget_s, warmup_calls, before_timed, one_warmup)
+    """Median seconds per implementation, timed by ``interleaved_times`` (with its ``options``)."""
+    times = interleaved_times(plan, torch, min_rounds, budget_s, **options)
     return {name: statistics.median(v) for name, v in times.items()}
 
 
