@@ -545,20 +545,22 @@ def time_case(
     return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold, spread)
 
 
+# A user's first call: one float32 LayerNorm forward+backward of (4096, 768) through the Tensor API.
+FIRST_LAYER_NORM_SCRIPT = (
+    "import numpy as np, minigrad_norm as mg\n"
+    "from minigrad_norm.norms import layer_norm\n"
+    "x = mg.Tensor(np.random.default_rng(0).standard_normal((4096, 768), dtype=np.float32), requires_grad=True)\n"
+    "w = mg.Tensor(np.ones(768, np.float32), requires_grad=True)\n"
+    "layer_norm(x, 768, w).sum().backward()\n"
+)
+EVERY_KERNEL_SCRIPT = "from minigrad_norm.kernels.numba_cpu import compile_every_kernel\ncompile_every_kernel()\n"
+
+
 def startup_seconds(cold: bool, every_kernel: bool = False) -> float:
-    """Wall time of a fresh process that imports minigrad_norm and runs one float32 LayerNorm forward+backward
-    of (4096, 768) through the Tensor API (with ``every_kernel``, ``numba_cpu.compile_every_kernel`` instead):
-    on numba's cache as a first such process left it, or with ``cold`` on an empty one, so that it compiles what
-    it runs."""
-    script = (
-        "import numpy as np, minigrad_norm as mg\n"
-        "from minigrad_norm.norms import layer_norm\n"
-        "x = mg.Tensor(np.random.default_rng(0).standard_normal((4096, 768), dtype=np.float32), requires_grad=True)\n"
-        "w = mg.Tensor(np.ones(768, np.float32), requires_grad=True)\n"
-        "layer_norm(x, 768, w).sum().backward()\n"
-    )
-    if every_kernel:
-        script = "from minigrad_norm.kernels.numba_cpu import compile_every_kernel\ncompile_every_kernel()\n"
+    """Wall time of a fresh process that imports minigrad_norm and runs ``FIRST_LAYER_NORM_SCRIPT`` (with
+    ``every_kernel``, ``numba_cpu.compile_every_kernel`` instead): on numba's cache as a first such process
+    left it, or with ``cold`` on an empty one, so that it compiles what it runs."""
+    script = EVERY_KERNEL_SCRIPT if every_kernel else FIRST_LAYER_NORM_SCRIPT
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
         if not cold:  # warm the cache first
