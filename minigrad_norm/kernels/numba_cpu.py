@@ -1604,18 +1604,19 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
     """``py_func`` jitted; the serial and parallel versions get distinct names, because numba's
     cache keys an entry by the function's name and bytecode, not by its compile flags.
 
-    The serial compiles were 11 s of the cold compile of every kernel (78-91 s, ``compile_every_kernel``; 84-88 s
-    since rows and blocks have kernels of their own, 84 for the code before in the same hour): numba links the
-    item functions into each kernel and generates their code again there, and again in the parallel kernel's
-    prange body and in the two wrappers numba builds around it (of one such compile, 84 s, 53 in LLVM: 8 in the
-    prange bodies, 7 in each kind of wrapper, 19 in the kernels, 9 in the items' own compiles). One parallel
-    compile run on one thread for small inputs instead (``numba.set_num_threads(1)`` around the call, and back)
-    took that to 70 s, but every small call 1.06-1.24 of the time (a float32 LayerNorm forward of (64, 128) 31
-    against 36 microseconds, its backward 64 against 74; GroupNorm's and BatchNorm's alike, rows of 512 values
-    1.06-1.09; ``benchmarks/compare_kernels.py``, hot), and with numba's workqueue threading layer (where it
-    finds no OpenMP or TBB runtime) a one-thread launch still wakes the pool, about 60 microseconds. Not taken:
-    a one-time cost traded for one paid on every small call. (Set inside the kernel, the thread count makes
-    numba refuse to cache it: the setter is a pointer into the threading layer.)"""
+    The serial compiles were 11 s of the cold compile of every kernel (78-91 s, ``compile_every_kernel``; 81-88 s
+    since rows and blocks have kernels of their own, 1.05x the code before, ``benchmarks/compile_time.py``):
+    numba links the item functions into each kernel and generates their code again there, and again in the
+    parallel kernel's prange body and in the two wrappers numba builds around it (of one such compile, 84 s, 53
+    in LLVM: 8 in the prange bodies, 7 in each kind of wrapper, 19 in the kernels, 9 in the items' own
+    compiles). One parallel compile run on one thread for small inputs instead (``numba.set_num_threads(1)``
+    around the call, and back) took that to 70 s, but every small call 1.06-1.24 of the time (a float32
+    LayerNorm forward of (64, 128) 31 against 36 microseconds, its backward 64 against 74; GroupNorm's and
+    BatchNorm's alike, rows of 512 values 1.06-1.09; ``benchmarks/compare_kernels.py``, hot), and with numba's
+    workqueue threading layer (where it finds no OpenMP or TBB runtime) a one-thread launch still wakes the
+    pool, about 60 microseconds. Not taken: a one-time cost traded for one paid on every small call. (Set
+    inside the kernel, the thread count makes numba refuse to cache it: the setter is a pointer into the
+    threading layer.)"""
     name = f"{py_func.__name__}_{'parallel' if parallel else 'serial'}"
     clone = types.FunctionType(py_func.__code__, py_func.__globals__, name, py_func.__defaults__, py_func.__closure__)
     clone.__qualname__ = name
