@@ -151,3 +151,14 @@ def test_compile_without_numba_says_there_is_nothing_to_compile(monkeypatch, cap
     monkeypatch.setattr(backend, "_load_numba", lambda: None)
     assert main(["compile"]) == 1
     assert capsys.readouterr().err == "compile: numba is unavailable: the NumPy backend has nothing to compile\n"
+
+
+def test_the_kernels_map_names_only_functions_and_constants_that_exist():
+    """docs/kernels.md points into numba_cpu.py by name: a renamed function must not leave the map pointing at
+    nothing."""
+    from minigrad_norm.kernels import numba_cpu
+
+    text = (README.parent / "docs" / "kernels.md").read_text()
+    names = {n for n in re.findall(r"`(_[a-z][a-z_]*|[A-Z][A-Z_]{3,})`", text) if not n.startswith("NUMBA_")}
+    assert len(names) > 20  # the map's tables and lists name this many
+    assert sorted(n for n in names if not hasattr(numba_cpu, n)) == []
