@@ -382,6 +382,32 @@ def test_blocks_of_short_runs_as_rows(dtype, centered, eval_stats, view):
         check_case({**case, "centered": centered, "need_affine_grads": need_affine_grads})
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_short_rows_in_batches_give_the_row_by_row_bits(monkeypatch, dtype, parallel):
+    """The forward takes rows of at most SHORT_ROW_BYTES in batches (``_forward_rows``), each step over the whole
+    batch; rows streamed out go one at a time. The two orders must give the same bits: y, mean and var, for
+    InstanceNorm's maps of 64 bytes and of 3 values taken as rows, over batches and work items that end
+    mid-batch, and for rows that are not centered (RMSNorm)."""
+    rng = np.random.default_rng(7)
+    monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
+    for S in (numba_cpu.SHORT_ROW_BYTES // np.dtype(dtype).itemsize, 3):
+        # 5161 rows: 64 work items of 81 rows, each a whole batch (64 rows of 64 bytes) and part of one
+        x = (rng.standard_normal((397, 13, 1, S)) * 3 + 5).astype(dtype)
+        w, b = rng.standard_normal((2, 13, 1)).astype(dtype)
+        for centered in (True, False):
+            results = []
+            for stream in (False, True):  # batched, then row by row (a streamed output forces it)
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
+                    mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
+                    out = aligned_empty(x.shape, dtype)
+                    results.append(numba_cpu.norm_forward(x, w, b, EPS, centered=centered, out=out))
+            for batched, one_by_one in zip(*results):
+                np.testing.assert_array_equal(batched, one_by_one)
+            assert_close(results[0][0], reference.norm_forward(x, w, b, EPS, centered=centered)[0], dtype, "y")
+
+
 def test_instance_norm_rows_sum_their_terms_per_row_in_float64():
     """InstanceNorm's small maps taken as rows have one weight per row, so their dweight/dbias terms are summed per
     row in float64 (``_backward_rows``), not per position in float32 blocks of TERM_BLOCK_ROWS rows. Each block of

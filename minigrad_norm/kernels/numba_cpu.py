@@ -169,6 +169,9 @@ COLUMNS_TILE_BYTES = 256 * 1024
 STREAM_CHUNK_BYTES = 4096
 # A row's dweight/dbias terms are summed in x's dtype over blocks of this many rows, then in float64: see _fold_terms.
 TERM_BLOCK_ROWS = 8
+# The forward takes rows of at most this many bytes in batches of this many: see _forward_rows.
+SHORT_ROW_BYTES = 64
+SHORT_ROWS_BATCH_BYTES = 4096
 # dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks
 # (and at most this many work items in the forward).
 _MIN_TERMS_PER_CHUNK = 16
@@ -873,17 +876,35 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
     w2, b2, scratch = _borrowed(w2), _borrowed(b2), _borrowed(scratch)
     ahead = _rows_ahead(L, x.itemsize)
     g = first % G
-    # one row at a time: rows in pairs, as the blocks of _forward_groups, took float32 rows of 1024 values
-    # 0.91-0.92 of the time (hot and cold), but rows of 128 values 1.00-1.11, of 768 0.94-1.06, float64 rows
-    # 0.96-1.06 (compare_kernels.py, 2 threads, the Intel VM); on the AMD VM, rows of 4 KiB or more in pairs
-    # took float32 rows of 4096 values 1.01 (cold) and 1.09 (hot), of 1024 1.27 and 1.25, float64 rows 0.91-1.14.
-    # (Rows of up to 64 bytes in batches of 4 KiB, each step over the whole batch, statistics, then rstd, then
-    # normalization, so that the rows' chains of dependent steps overlap, took on the AMD Zen 4 VM float32 rows of
-    # 8-16 values 0.82-0.95 of the time and float64 rows of 8 values 0.80-0.81, hot and cold, but a second copy of
-    # the loops in the item took the cold compile of every kernel from 54-56 s to 59-62 against a target of 60;
-    # that timing left out the columns kernels, and the whole was 78-91 s. The same batches for rows of any length,
-    # one copy of the loops: rows of 8-16 values 0.70-0.97, but of 128 values 1.03-1.58, of 768-1024 values
-    # 0.84-1.14, on one thread, interleaved, float32 and float64.)
+    # Rows of at most SHORT_ROW_BYTES (InstanceNorm's and GroupNorm's small maps taken as rows, tiny LayerNorms)
+    # go in batches of SHORT_ROWS_BATCH_BYTES, a step at a time over the whole batch: the means, then the
+    # variances, then rstd and the normalization. Row by row, each short row waits on its chain of dependent
+    # steps (a sum, a division, a second sum, a division, a square root and a division: ~19 ns for 16 float32
+    # values, one thread); over a batch the chains of many rows overlap. The same arithmetic per row, so the
+    # same bits. ``benchmarks/compare_kernels.py --cold`` (2 threads, the AMD Zen 4 VM) took the forward of
+    # InstanceNorm's blocks as rows of 16 and 8 float32 values 0.67 and 0.71 of the time, of 8 float64 values
+    # 0.73 (rstd in a loop of its own, into an array of the batch's: 0.70-0.79), calls of a few rows 0.99-1.01;
+    # and the cold compile of every kernel 1.01x (``benchmarks/compile_time.py``). Longer rows stay one at a
+    # time: the batches for rows of any length took rows of 128 values 1.03-1.58, of 768-1024 values 0.84-1.14
+    # (one thread, interleaved, float32 and float64); rows of 16 float64 values (128 bytes) gained 0.93-0.97.
+    # (Rows in pairs, as the blocks of _forward_groups, took float32 rows of 1024 values 0.91-0.92 of the time
+    # (hot and cold), but rows of 128 values 1.00-1.11, of 768 0.94-1.06, float64 rows 0.96-1.06
+    # (compare_kernels.py, 2 threads, the Intel VM); on the AMD VM, rows of 4 KiB or more in pairs took float32
+    # rows of 4096 values 1.01 (cold) and 1.09 (hot), of 1024 1.27 and 1.25, float64 rows 0.91-1.14.)
+    if L * x.itemsize <= SHORT_ROW_BYTES and not stream:
+        batch = SHORT_ROWS_BATCH_BYTES // (L * x.itemsize)
+        for q0 in range(first, last, batch):
+            nb = min(batch, last - q0)
+            means, variances = mean[q0 : q0 + nb], var[q0 : q0 + nb]
+            for j in range(nb):
+                means[j] = _sum(x[q0 + j]) / L if centered else 0.0
+            for j in range(nb):
+                variances[j] = _sum_sq_dev(x[q0 + j], means[j]) / L
+            for j in range(nb):
+                rstd = 1.0 / math.sqrt(variances[j] + eps)
+                _normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
+                g = g + 1 if g + 1 < G else 0
+        return
     for q in range(first, last):
         xb = x[q]
         if ahead and q + ahead < last:
