@@ -537,12 +537,12 @@ def time_case(
         plan[f"STREAM {name}"] = (all_threads, stream.kernels[name])
     evict = stream.evict if cold else None
     times = interleaved_times(plan, torch, reps, budget, WARMUP_CALLS, evict, one_warmup=("numpy",))
-    quartiles = {impl: [1e3 * q for q in statistics.quantiles(t, n=4, method="inclusive")] for impl, t in times.items()}
-    ms = {impl: q[1] for impl, q in quartiles.items()}
+    cuts = {impl: [1e3 * q for q in statistics.quantiles(t, n=4, method="inclusive")] for impl, t in times.items()}
+    ms = {impl: c[1] for impl, c in cuts.items()}  # the medians
     bandwidth = {name: stream.bytes[name] / (1e-3 * ms.pop(f"STREAM {name}")) / 1e9 for name in STREAM_KERNELS}
-    spread = {impl: (q[0], q[2]) for impl, q in quartiles.items() if impl in ms}
+    quartiles = {impl: (cuts[impl][0], cuts[impl][2]) for impl in ms}
     nbytes = BYTES_PER_X[direction] * p.x.nbytes
-    return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold, spread)
+    return Row(p.case.norm, p.case.shape, p.dtype.name, direction, nbytes, ms, bandwidth, cold, quartiles)
 
 
 # A user's first call: one float32 LayerNorm forward+backward of (4096, 768) through the Tensor API.
@@ -625,8 +625,10 @@ def run(
     if startup:
         times["warm first LayerNorm fwd+bwd, process wall time (s)"] = startup_seconds(cold=False)
         if not quick:
-            times["cold first LayerNorm fwd+bwd, compiling its kernels, process wall time (s)"] = startup_seconds(True)
-            times["cold compile of every kernel, both dtypes, process wall time (s)"] = startup_seconds(True, True)
+            first = "cold first LayerNorm fwd+bwd, compiling its kernels, process wall time (s)"
+            times[first] = startup_seconds(cold=True)
+            every = "cold compile of every kernel, both dtypes, process wall time (s)"
+            times[every] = startup_seconds(cold=True, every_kernel=True)
     return Report(machine_description(), bandwidth, rows, sweep_rows, times, quick, time.perf_counter() - t0)
 
 

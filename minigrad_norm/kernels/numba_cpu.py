@@ -1858,6 +1858,12 @@ def _column_chunks(N: int) -> int:
     return max(1, min(_TARGET_ITEMS, N // _MIN_ROWS_PER_COLUMN_CHUNK))
 
 
+def _rows(S: int, has_mask: bool, reduce_batch: bool) -> bool:
+    """Whether the (n, g) blocks are rows with statistics of their own (S == 1, no mask, not BatchNorm): they take
+    the rows' kernels (but a forward with given statistics, which takes the blocks' loops) and chunking."""
+    return S == 1 and not has_mask and not reduce_batch
+
+
 def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int:
     """How many row chunks the backward and its dweight/dbias partial sums use: a function of the shape only
     (never of the thread count), enough items to balance the threads, and few enough that
@@ -1870,7 +1876,7 @@ def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int
     values as rows ((8192, 64, 1, 8), float32 and float64) took 1.5-2x the time of the blocks' own loops."""
     if reduce_batch:
         return 1
-    if S == 1 and not has_mask:
+    if _rows(S, has_mask, reduce_batch):
         return max(1, min(N, _TARGET_ITEMS, N // _MIN_TERMS_PER_CHUNK))
     return max(1, min(N, -(-_TARGET_ITEMS // G), N * S // _MIN_TERMS_PER_CHUNK))
 
@@ -1918,7 +1924,7 @@ def norm_forward(
         w2, b2, K, S = np.repeat(w2, S, axis=1), np.repeat(b2, S, axis=1), K * S, 1
     x3, y3 = xc.reshape(N, G, K * S), y.reshape(N, G, K * S)
     stream = _streams(y, out, K * S, short_aligned_blocks=False)
-    if S == 1 and mask is None and not reduce_batch and stats is None:
+    if _rows(S, mask is not None, reduce_batch) and stats is None:
         _kernel("forward rows", x.size)(x3, w2, b2, bias is not None, float(eps), centered, mean2, var2, y3, stream)
     else:
         _kernel("forward groups", x.size)(
@@ -2008,9 +2014,10 @@ def _backward_by_groups(
     pdw = np.empty((n_chunks, G, (1 if terms_per_row else K) if affine else 0))
     pdb = np.empty_like(pdw)
     use_mean, dx3 = centered or fixed_stats, dx.reshape(N, G, L)
-    if S == 1 and mask is None and not reduce_batch:
-        rows = _kernel("backward rows", x3.size)
-        rows(dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb, stream)
+    if _rows(S, mask is not None, reduce_batch):
+        _kernel("backward rows", x3.size)(
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb, stream
+        )  # fmt: skip
     else:
         _kernel("backward groups", x3.size)(
             dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, _mask2(mask, N), mask is not None, fixed_stats, dx3,
