@@ -1,10 +1,12 @@
 """Cold compile times of the numba kernels at an earlier revision against the working tree, alternated.
 
-    python benchmarks/compile_time.py REV [--what every|layer_norm] [--rounds 3]
+    python benchmarks/compile_time.py REV [--what every|every_in_one_process|layer_norm] [--rounds 3]
 
 Each timing is a fresh process on an empty numba cache (``NUMBA_CACHE_DIR`` a new temporary directory) that
 imports minigrad_norm from REV (extracted with ``git archive``) or from the working tree, and compiles every
-kernel for both dtypes (``--what every``: ``numba_cpu.compile_every_kernel``) or what a user's first float32
+kernel for both dtypes (``--what every``: ``numba_cpu.compile_every_kernel``, in one process per CPU;
+``every_in_one_process``: all in that one process, the whole compile's CPU time, which a change to the kernels
+moves more plainly than the wall time of processes sharing the machine) or what a user's first float32
 LayerNorm forward+backward compiles (``--what layer_norm``: the benchmark's start-up script). The two
 alternate, the order flipped every round, as in ``compare_kernels.py``: on the 2-core AMD VM one version's
 compile of every kernel read 81-88 s within an hour, more than many a change is worth.
@@ -26,14 +28,19 @@ from pathlib import Path
 from minigrad_norm.bench import FIRST_LAYER_NORM_SCRIPT
 
 ROOT = Path(__file__).resolve().parent.parent
+IMPORT = (
+    "import inspect\n"
+    "try:\n"
+    "    from minigrad_norm.kernels.numba_cpu import compile_every_kernel\n"
+    "except ImportError:  # a revision from before it moved out of the benchmark module\n"
+    "    from minigrad_norm.bench import compile_every_kernel\n"
+)
 SCRIPTS = {
-    "every": (
-        "try:\n"
-        "    from minigrad_norm.kernels.numba_cpu import compile_every_kernel\n"
-        "except ImportError:  # a revision from before it moved out of the benchmark module\n"
-        "    from minigrad_norm.bench import compile_every_kernel\n"
-        "compile_every_kernel()\n"
-    ),
+    "every": IMPORT + "compile_every_kernel()\n",
+    # (revisions from before the compile in several processes compile in this one anyway)
+    "every_in_one_process": IMPORT
+    + "one = {'processes': 1} if 'processes' in inspect.signature(compile_every_kernel).parameters else {}\n"
+    + "compile_every_kernel(**one)\n",
     "layer_norm": FIRST_LAYER_NORM_SCRIPT,
 }
 

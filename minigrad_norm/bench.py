@@ -71,7 +71,7 @@ import numpy as np
 
 from minigrad_norm.kernels import reference
 from minigrad_norm.kernels.buffers import aligned_empty
-from minigrad_norm.kernels.machine import cache_sizes, cpu_identity, l3_bytes
+from minigrad_norm.kernels.machine import cache_sizes, cpu_identity, l3_bytes, usable_cpus
 
 EPS = 1e-5
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
@@ -627,7 +627,8 @@ def run(
         if not quick:
             first = "cold first LayerNorm fwd+bwd, compiling its kernels, process wall time (s)"
             times[first] = startup_seconds(cold=True)
-            every = "cold compile of every kernel, both dtypes, process wall time (s)"
+            processes = usable_cpus()
+            every = f"cold compile of every kernel, both dtypes, {processes} processes at once, wall time (s)"
             times[every] = startup_seconds(cold=True, every_kernel=True)
     return Report(machine_description(), bandwidth, rows, sweep_rows, times, quick, time.perf_counter() - t0)
 

@@ -202,12 +202,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     from minigrad_norm import backend
 
+    error = _limits_error([("--processes", args.processes, args.processes is None or args.processes > 0, "positive")])
+    if error:
+        print(f"compile: {error}", file=sys.stderr)
+        return 2
     kernels = backend._load_numba()
     if kernels is None:
         print("compile: numba is unavailable: the NumPy backend has nothing to compile", file=sys.stderr)
         return 1
     t = time.perf_counter()
-    kernels.compile_every_kernel(args.dtype, progress=not args.no_progress)
+    kernels.compile_every_kernel(args.dtype, progress=not args.no_progress, processes=args.processes)
     seconds = time.perf_counter() - t
     print(f"compiled every kernel for {' and '.join(args.dtype)} in {seconds:.0f} s, cached in {kernels.cache_path()}")
     return 0
@@ -241,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compile_.add_argument(
         "--dtype", nargs="+", choices=["float32", "float64"], default=["float32", "float64"], help="(default both)"
+    )
+    compile_.add_argument(
+        "--processes", type=int, metavar="N", help="compile in N processes at once (default: one per usable CPU)"
     )
     compile_.add_argument("--no-progress", action="store_true", help="no progress bar")
     compile_.set_defaults(run=cmd_compile)

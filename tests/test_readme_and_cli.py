@@ -121,6 +121,7 @@ def test_an_unwritable_output_path_is_refused_before_any_work(tmp_path, capsys, 
         (["depth", "--lr", "-1", "--train-steps", "1"], "--lr must be a positive number, got -1.0"),
         (["depth", "--train-steps", "-3"], "--train-steps must be >= 0, got -3"),
         (["check", "--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["compile", "--processes", "0"], "--processes must be positive, got 0"),
         (["bench", "--only", "layer_norm", "nonsense"], "--only: unknown norm nonsense; the norms are layer_norm,"),
     ],
 )
@@ -134,10 +135,13 @@ def test_compile_compiles_every_kernel_for_the_dtypes_asked_and_says_where(monke
     from minigrad_norm.kernels import numba_cpu
 
     calls = []
-    monkeypatch.setattr(numba_cpu, "compile_every_kernel", lambda dtypes, progress: calls.append((dtypes, progress)))
-    assert main(["compile", "--dtype", "float32", "--no-progress"]) == 0
+    monkeypatch.setattr(numba_cpu, "compile_every_kernel", lambda *args, **options: calls.append((args, options)))
+    assert main(["compile", "--dtype", "float32", "--no-progress", "--processes", "1"]) == 0
     assert main(["compile"]) == 0
-    assert calls == [(["float32"], False), (["float32", "float64"], True)]
+    assert calls == [
+        ((["float32"],), {"progress": False, "processes": 1}),
+        ((["float32", "float64"],), {"progress": True, "processes": None}),
+    ]
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("compiled every kernel for float32 in ")
     assert out[0].endswith(f"cached in {numba_cpu.cache_path()}") and out[1].startswith(

@@ -1,8 +1,10 @@
 """What the kernels' policies and the benchmark need to know of the machine: the size of its L3, its CPU's
-vendor, and, for the benchmark's report, which CPU and caches the numbers come from."""
+vendor, how many CPUs this process may use, and, for the benchmark's report, which CPU and caches the numbers
+come from."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
@@ -55,3 +57,8 @@ def cpu_identity(cpuinfo: Path = CPUINFO) -> dict[str, str]:
         if key.strip() in wanted:
             found[wanted[key.strip()]] = value.strip()
     return found
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may run on (its affinity mask where the OS has one, else every CPU)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

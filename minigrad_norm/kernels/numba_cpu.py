@@ -108,7 +108,12 @@ Design points, each one tested in ``tests/test_kernels.py``:
   backward 0.83, against 0.94 and 0.96 unaligned; ``benchmarks/streaming_stores.py``).
   Smaller outputs keep ordinary stores: they can stay in the cache for the next layer to read
   (where the line between them lies, and why it depends on the L3, see ``_streams``).
-* ``cache=True`` and compiled on first call: importing this module compiles nothing.
+* Compiled on first call (importing this module compiles nothing) and cached on disk: the kernels
+  (``_KERNELS``), not the functions they call. numba builds a callee's code into its caller's, and a
+  kernel loads from the cache without its callees: a cache of its own saved a callee nothing (a
+  GroupNorm's first forward+backward in a process after a LayerNorm's, each in a fresh process, 8.8-9.3 s
+  either way), and with only the kernels cached, processes compiling different kernels at once write
+  no cache file in common (``compile_every_kernel``).
 * Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
   place when they are C-contiguous, of x's dtype and overlap no input other than being
   it (``out=x`` is fine: each block is read before it is written), else via one copy.
@@ -123,8 +128,11 @@ from __future__ import annotations
 
 import math
 import platform
+import subprocess
+import sys
 import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -136,7 +144,7 @@ from numba.extending import intrinsic, overload
 
 from minigrad_norm.kernels import reference
 from minigrad_norm.kernels.buffers import POOL
-from minigrad_norm.kernels.machine import cpu_identity, l3_bytes
+from minigrad_norm.kernels.machine import cpu_identity, l3_bytes, usable_cpus
 
 # Below this many elements the serial compile runs: the parallel launch costs more than it saves.
 # With OMP_WAIT_POLICY=PASSIVE (see minigrad_norm.backend) waking the pool costs ~35 us per parallel
@@ -180,7 +188,7 @@ _TARGET_ITEMS = 64
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 _sum_flags = {"reassoc"}
-_helper = numba.njit(cache=True, error_model="numpy", fastmath=_sum_flags, inline="never")
+_helper = numba.njit(error_model="numpy", fastmath=_sum_flags, inline="never")
 
 
 def _in_dtype_of(a, v):
@@ -306,14 +314,14 @@ def _prefetch(typingctx, a, i, level):
     return nbtypes.none(a, i, level), codegen
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _prefetch_lines(run, level):
     """_prefetch every cache line of a contiguous run into L``level`` (a constant: inlined, it stays one)."""
     for i in range(0, run.shape[0], _STREAM_BYTES // run.itemsize):
         _prefetch(run, i, level)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _rows_ahead(L, itemsize):
     """How many rows of L values ahead the forward row loop prefetches: about PREFETCH_DISTANCE_BYTES,
     and none (0) for rows longer than PREFETCH_MAX_ROW_BYTES (0 but on Intel CPUs: see the end).
@@ -378,7 +386,7 @@ def _store_fence(typingctx):
     return nbtypes.none(), codegen
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _stream_copy(src, dst):
     """dst[:] = src[:], the 64-byte aligned middle of dst with non-temporal stores.
 
@@ -491,7 +499,7 @@ def _row_dx_sums(dy, x, w, mu, r):
     return a, b
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _with_dy_terms(s, dy, xh, wk):
     """The four sums s of ``_dy_sums`` with one more value's terms: dy, dy * xhat, dxhat and dxhat * xhat
     (dxhat = dy * wk)."""
@@ -527,7 +535,7 @@ def _dy_sums_pair(dya, xa, mu_a, r_a, dyb, xb, mu_b, r_b, wk):
 # per-group pieces (plain flags: exact IEEE semantics)
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _group_count(mask2, has_mask, n0, n1, K, S):
     """How many valid values the group over blocks n0..n1 has: K * S per block, or K * (valid s)."""
     count = 0.0
@@ -536,7 +544,7 @@ def _group_count(mask2, has_mask, n0, n1, K, S):
     return count
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, mu, square):
     """sum(x) (or, with ``square``, sum((x - mu)^2)) over the valid values of x3[n0:n1, g]."""
     total = 0.0
@@ -551,7 +559,7 @@ def _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, mu, square):
     return total
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _group_stats(x3, mask2, has_mask, centered, n0, n1, g, K, S):
     """(mean, var) of x3[n0:n1, g] over the valid values, in two passes."""
     if n1 == n0 + 1 and not has_mask:
@@ -565,7 +573,7 @@ def _group_stats(x3, mask2, has_mask, centered, n0, n1, g, K, S):
     return mu, _group_sum(x3, mask2, has_mask, n0, n1, g, K, S, mu, True) / count
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _normalize_row(xb, yb, w, b, has_b, mu, r):
     """y = (x - mean) * rstd * w + b over a contiguous run sharing one (mean, rstd), with one weight
     and bias per value (a LayerNorm row), in x's dtype."""
@@ -579,7 +587,7 @@ def _normalize_row(xb, yb, w, b, has_b, mu, r):
             yb[i] = ((xb[i] - mh) - ml) * r * w[i]
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
     """``_normalize_row`` on one (n, g) block of K runs of S values, the weight and bias per run; 0
     where masked out."""
@@ -607,7 +615,7 @@ def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
                     ys[s] = 0.0
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _streams_by_runs(S, itemsize):
     """Whether a streamed (n, g) block of K runs of S values goes out run by run, each in pieces of at most
     the scratch row (``_scratch_len``), rather than whole through a scratch row of the block's size: when
@@ -615,7 +623,7 @@ def _streams_by_runs(S, itemsize):
     return S * itemsize >= STREAMING_STORE_MIN_BLOCK_BYTES
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _stream_pieces(K, S, scratch):
     """(runs, values of a run) in each piece a streamed block is computed and streamed in: (1, up to the
     scratch row's length) by runs (``_streams_by_runs``), else (K, S), the whole block."""
@@ -624,7 +632,7 @@ def _stream_pieces(K, S, scratch):
     return K, S
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _scratch_len(L, S, rows, itemsize):
     """Values in the scratch row a streamed block goes through: a LayerNorm row (``rows``) or a run of a
     block (``_streams_by_runs``) in pieces of STREAM_CHUNK_BYTES, else a whole block of L values.
@@ -643,7 +651,7 @@ def _scratch_len(L, S, rows, itemsize):
     return L
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb, affine):
     """A = sum(dxhat), B = sum(dxhat * xhat) over x3[n0:n1, g] (valid positions), adding (with
     ``affine``) sum(dy * xhat) and sum(dy) per k into the partial buffers pdw, pdb. Unmasked blocks of
@@ -670,7 +678,7 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
     return A, B
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine):
     """The sums of ``_backward_sums`` for the unmasked blocks (n, g) and (n + 1, g) of one run each, with
     statistics (mu_a, r_a) and (mu_b, r_b), in one pass over both (``_dy_sums_pair``): ((A, B) of the one,
@@ -693,27 +701,27 @@ def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine
     return (wa, wb), (wc, wd)
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _dx_scalars(xb, mu, r, proj, mdx):
     """What ``_dx`` takes of a run's statistics, in x's dtype: (mu_hi, mu_lo) (``_split``), rstd, proj, mdx."""
     mh, ml = _split(xb, mu)
     return mh, ml, _in_dtype_of(xb, r), _in_dtype_of(xb, proj), _in_dtype_of(xb, mdx)
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _xhat(x, mh, ml, r):
     """One value of xhat, in x's dtype: ((x - mu_hi) - mu_lo) * rstd (``_split``)."""
     return ((x - mh) - ml) * r
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _dx(dy, wv, xh, r, proj, mdx):
     """One value of dx, in x's dtype: ((dxhat - xhat * proj) - mdx) * rstd, dxhat = dy * w, xhat from
     ``_xhat``; the reference's operation order."""
     return ((dy * wv - xh * proj) - mdx) * r
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
     """dx = ((dxhat - xhat * proj) - mdx) * rstd  (or dxhat * rstd with fixed statistics) over a
     contiguous run sharing one (mean, rstd), one weight per value (a LayerNorm row), in x's dtype."""
@@ -726,7 +734,7 @@ def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
             dxb[i] = _dx(dyb[i], w[i], _xhat(xb[i], mh, ml, r), r, proj, mdx)
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, tw, tb):
     """``_dx_row``, adding in the same loop the row's dweight and dbias terms, dy * xhat and dy, in x's dtype,
     into the term rows tw, tb (x's dtype: see ``_fold_terms``).
@@ -767,7 +775,7 @@ def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, tw, tb):
             tb[i] += d
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _fold_terms(tw, tb, pw, pb):
     """pw += tw and pb += tb in float64, then tw = tb = 0: the term sums of a block of up to TERM_BLOCK_ROWS
     rows into the float64 partial rows.
@@ -784,7 +792,7 @@ def _fold_terms(tw, tb, pw, pb):
         tb[i] = 0.0
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine, tw, tb):
     """``_dx_row`` (with ``affine``, ``_dx_row_affine``) into dxb, streamed through ``scratch`` with ``stream``.
 
@@ -815,7 +823,7 @@ def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine
         _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed)
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S):
     """``_dx_row`` on one (n, g) block of K runs of S values, the weight per run; 0 where masked out."""
     if S == 1 and not has_mask:
@@ -861,7 +869,7 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S):
 # the streaming forward took 1.5x as long (LayerNorm 8192x1024, float32). And each borrows its array
 # arguments (``_borrowed``), so that the views it makes per block touch no reference count.
 
-_item = numba.njit(cache=True, error_model="numpy")
+_item = numba.njit(error_model="numpy")
 
 
 @_item
@@ -926,7 +934,7 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
         g = g + 1 if g + 1 < G else 0
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _block_ahead(x3, n, g, p_next, last, reduce_batch, prefetch):
     """The block a streaming ``_forward_groups`` prefetches into L2, piece by piece, while it normalizes and
     streams out block (n, g): the block whose statistics its thread reads next. That is block n of the next
@@ -1019,7 +1027,7 @@ def _forward_groups(
         q += step
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _terms_per_row(affine, K, L):
     """Whether rows of L values whose dweight/dbias partial rows hold K values sum their terms per row: one weight
     per row (K == 1 < L, InstanceNorm's small maps taken as rows; see ``_backward_rows``)."""
@@ -1153,7 +1161,7 @@ def _backward_groups(
 # and 136). A mask inside the rows (runs of S > 1 values) keeps the channel walk.
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _row_valid(valid, has_mask, n):
     """Whether row n of the batch counts: without a mask every row; with one (a mask (N, 1) of BatchNorm in runs
     of one value marks whole rows), valid[n]. Masked rows reach no sum, whatever they hold (even NaN), and get
@@ -1161,7 +1169,7 @@ def _row_valid(valid, has_mask, n):
     return not has_mask or valid[n]
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _valid_run(valid, has_mask, n, end):
     """(first, stop) of the next run of consecutive valid rows at or after row n, before row ``end``: (n, end)
     without a mask. The statistics loop over runs: a test of each row in their loops took the forward of float32
@@ -1202,7 +1210,7 @@ def _column_squares(x2, valid, has_mask, n_first, n_last, acc):
             acc[p] += d * d
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
+@numba.njit(error_model="numpy", inline="always")
 def _merged_moments(sum_a, m2_a, n_a, sum_b, m2_b, n_b):
     """(sum, M2) of two sets of n_a and n_b > 0 values from theirs (Chan, Golub and LeVeque's update):
     sum = sum_a + sum_b, M2 = M2_a + M2_b + (sum_b / n_b - sum_a / n_a)^2 * n_a * n_b / (n_a + n_b); the second
@@ -1520,7 +1528,7 @@ def _columns_backward_kernel(
 # (4096, 768), in a fresh process: 11.2-12.2 s instead of 26.7).
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _work_items(groups, reduce_batch):
     """(items, groups per item) of a forward: a channel each (reduce_batch), else runs of consecutive (n, g)
     blocks in memory order, at most _TARGET_ITEMS of them."""
@@ -1528,7 +1536,7 @@ def _work_items(groups, reduce_batch):
     return items, (groups + items - 1) // max(items, 1)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(inline="always")
 def _chunk(c, N, n_chunks):
     """(n_first, n_last) of row chunk c of the N rows (``_n_chunks``)."""
     per_chunk = (N + n_chunks - 1) // n_chunks
@@ -1647,10 +1655,10 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
 _KERNELS = {
     name: (_compile(f, False), _compile(f, True))
     for name, f in (
-        ("forward rows", _forward_rows_kernel),
-        ("forward groups", _forward_groups_kernel),
-        ("backward rows", _backward_rows_kernel),
-        ("backward groups", _backward_groups_kernel),
+        ("rows forward", _forward_rows_kernel),
+        ("groups forward", _forward_groups_kernel),
+        ("rows backward", _backward_rows_kernel),
+        ("groups backward", _backward_groups_kernel),
         ("columns forward", _columns_forward_kernel),
         ("columns backward", _columns_backward_kernel),
         ("erf", _erf_kernel),
@@ -1925,9 +1933,9 @@ def norm_forward(
     x3, y3 = xc.reshape(N, G, K * S), y.reshape(N, G, K * S)
     stream = _streams(y, out, K * S, short_aligned_blocks=False)
     if _rows(S, mask is not None, reduce_batch) and stats is None:
-        _kernel("forward rows", x.size)(x3, w2, b2, bias is not None, float(eps), centered, mean2, var2, y3, stream)
+        _kernel("rows forward", x.size)(x3, w2, b2, bias is not None, float(eps), centered, mean2, var2, y3, stream)
     else:
-        _kernel("forward groups", x.size)(
+        _kernel("groups forward", x.size)(
             x3, w2, b2, bias is not None, float(eps), centered, reduce_batch, _mask2(mask, N), mask is not None,
             stats is not None, mean2, var2, y3, K, S, stream,
         )  # fmt: skip
@@ -2015,11 +2023,11 @@ def _backward_by_groups(
     pdb = np.empty_like(pdw)
     use_mean, dx3 = centered or fixed_stats, dx.reshape(N, G, L)
     if _rows(S, mask is not None, reduce_batch):
-        _kernel("backward rows", x3.size)(
+        _kernel("rows backward", x3.size)(
             dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb, stream
         )  # fmt: skip
     else:
-        _kernel("backward groups", x3.size)(
+        _kernel("groups backward", x3.size)(
             dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, _mask2(mask, N), mask is not None, fixed_stats, dx3,
             affine, pdw, pdb, K, S, stream,
         )  # fmt: skip
@@ -2039,22 +2047,70 @@ def erf(x: np.ndarray) -> np.ndarray:
     return y.reshape(x.shape)
 
 
-def compile_every_kernel(dtypes: Sequence[str] = ("float32", "float64"), progress: bool = False) -> None:
-    """Calls every kernel (``_KERNELS``: the forward and backward of rows and of other blocks, BatchNorm's
-    columns forward and backward in short runs, erf) in its serial and its parallel compile, on data of each
-    of ``dtypes``: on an empty numba cache, every compile there is, which later processes then load
-    (``minigrad-norm compile``, and what ``bench.startup_seconds(True, every_kernel=True)`` times)."""
+def compile_every_kernel(
+    dtypes: Sequence[str] = ("float32", "float64"), progress: bool = False, processes: int | None = None
+) -> None:
+    """Compiles every kernel (``_KERNELS``) in its serial and its parallel compile, for each of ``dtypes``,
+    into numba's cache, which later processes then load (``minigrad-norm compile``, and what
+    ``bench.startup_seconds(True, every_kernel=True)`` times).
+
+    numba compiles one function at a time in a process, so the kernels are shared out among ``processes``
+    fresh Python processes at once (by default one per CPU this process may use; 1: in this process), one
+    kernel to a process. Each kernel's two compiles are functions of their own, and nothing but the kernels
+    is cached: no two processes write the same cache file. (numba reads a function's cache index, adds an
+    entry and writes it back: two processes adding different signatures of one function at once can give
+    both the same data file, and the index then points one signature at the other's machine code.)
+    On the 2-core AMD Zen 4 VM, both dtypes took 46 s in two processes against 83 s in one (the code before,
+    in one process, with the functions the kernels call cached too: 83 s and 85 s;
+    ``benchmarks/compile_time.py``, 2 rounds each). Compile times quoted elsewhere in this module are of one
+    process."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     from tqdm import tqdm
 
+    dtypes = [np.dtype(d).name for d in dtypes]
+    processes = processes or usable_cpus()
+    if processes == 1:
+        for name in tqdm(_KERNELS, desc="compile", unit="kernel", disable=not progress):
+            _compile_kernel(name, dtypes)
+        return
+    # the package this one was imported from, first on the child's path
+    root = str(Path(__file__).resolve().parents[2])
+
+    def in_a_process(name: str) -> None:
+        code = (
+            f"import sys; sys.path.insert(0, {root!r})\n"
+            "from minigrad_norm.kernels.numba_cpu import _compile_kernel\n"
+            f"_compile_kernel({name!r}, {dtypes!r})\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True)
+
+    with ThreadPoolExecutor(processes) as pool:
+        done = as_completed([pool.submit(in_a_process, name) for name in _KERNELS])
+        for compiled in tqdm(done, desc="compile", unit="kernel", total=len(_KERNELS), disable=not progress):
+            compiled.result()
+
+
+def _compile_kernel(name: str, dtypes: Sequence[str]) -> None:
+    """Calls kernel ``name`` of ``_KERNELS`` in its serial and its parallel compile on data of each of ``dtypes``,
+    through the public functions, on shapes they send to it; a backward's statistics come from the reference,
+    so that it compiles no forward."""
     run = 1024  # a block of one run of 4 KiB or more: the blocks' own loops, not rows (_as_rows)
-    steps = [(np.dtype(d), n) for d in dtypes for n in (run, 4 * PARALLEL_MIN_ELEMENTS)]  # serial, parallel
-    for dtype, n in tqdm(steps, desc="compile", unit="step", disable=not progress):
-        rows, blocks, columns = (n // 2, 1, 2, 1), (n // run, 1, 1, run), (n // 2, 2, 1, 1)
-        for shape, reduce_batch in ((rows, False), (blocks, False), (columns, True)):
+    for dtype in map(np.dtype, dtypes):
+        for n in (run, 4 * PARALLEL_MIN_ELEMENTS):  # serial, parallel
+            if name == "erf":
+                erf(np.ones(n, dtype))
+                continue
+            blocks, direction = name.split()
+            shape = {"rows": (n // 2, 1, 2, 1), "groups": (n // run, 1, 1, run), "columns": (n // 2, 2, 1, 1)}[blocks]
+            reduce_batch = blocks == "columns"
             x = np.ones(shape, dtype)
-            _, mean, var = norm_forward(x, None, None, 1e-5, reduce_batch=reduce_batch)
-            norm_backward(x, x, mean, 1 / np.sqrt(var + 1e-5), np.ones(shape[1:3], dtype), reduce_batch=reduce_batch)
-        erf(np.ones(n, dtype))
+            if direction == "forward":
+                norm_forward(x, None, None, 1e-5, reduce_batch=reduce_batch)
+            else:
+                _, mean, var = reference.norm_forward(x, None, None, 1e-5, reduce_batch=reduce_batch)
+                w = np.ones(shape[1:3], dtype)
+                norm_backward(x, x, mean, 1 / np.sqrt(var + 1e-5), w, reduce_batch=reduce_batch)
 
 
 def cache_path() -> str:
