@@ -1050,7 +1050,14 @@ def _backward_rows(
     cost each value two more stores and each row's call a fixed 12 ns (``_dx_row_affine``),
     ``benchmarks/compare_kernels.py`` (2 threads, the AMD Zen 4 VM) took the InstanceNorm backward on 4x4 maps
     (4096, 64, 1, 16) 0.77-0.79 of the time from cold caches (0.75-0.80 hot), float64 0.61; maps of 8 values
-    0.73 (float64 0.72), of 32 float32 values 0.76. Without dweight/dbias 1.00-1.03."""
+    0.73 (float64 0.72), of 32 float32 values 0.76. Without dweight/dbias 1.00-1.03.
+
+    Short rows go one at a time, unlike the forward's (``_forward_rows``): each n's rows as a batch, the sums of
+    all, then the dx of all, took the float32 backward on 4x4 maps (4096, 64, 1, 16) 1.08-1.09 of the time hot
+    on 1 and 2 threads, 0.98-1.09 cold, and without dweight/dbias 1.09-1.17; only (1024, 64, 1, 16), in the L3,
+    gained (0.95-0.98; ``benchmarks/compare_kernels.py``). Likely why: a row's backward waits on a shorter chain
+    of dependent steps than its forward (one pass of sums, two divisions that do not wait on each other, no
+    square root), so there is less to overlap."""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     w2, pw, pb, terms = _borrowed(w2), _borrowed(pw), _borrowed(pb), _borrowed(terms)
     L = x3.shape[2]
