@@ -1079,17 +1079,15 @@ def _backward_rows(
     on 1 and 2 threads, 0.98-1.09 cold, and without dweight/dbias 1.09-1.17; only (1024, 64, 1, 16), in the L3,
     gained (0.95-0.98; ``benchmarks/compare_kernels.py``). Likely why: a row's backward waits on a shorter chain
     of dependent steps than its forward (one pass of sums, two divisions that do not wait on each other, no
-    square root), so there is less to overlap."""
+    square root), so there is less to overlap. Multiplying by 1/L in place of the row's two divisions by L (proj,
+    mdx) did not show either: those maps 0.92-0.94 of the time hot and 0.96-1.02 cold, where two copies of the
+    same code read 0.98-1.04 apart in the same hour."""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     w2, pw, pb, terms = _borrowed(w2), _borrowed(pw), _borrowed(pb), _borrowed(terms)
     L = x3.shape[2]
     per_row = _terms_per_row(affine, pw.shape[1], L)
     per_value = affine and not per_row
     no_mask = np.empty(0, np.bool_)
-    # proj and mdx by a multiplication, not two divisions a row: InstanceNorm's 4x4 maps (4096, 64, 1, 16) 0.93-0.96
-    # of the time hot, 0.94-0.95 cold (float32, 1 and 2 threads; benchmarks/compare_kernels.py); exact for L a
-    # power of 2, else within an ulp of proj and mdx in float64
-    inv_L = 1.0 / L
     for n in range(n_first, n_last):
         fold = per_value and ((n + 1 - n_first) % TERM_BLOCK_ROWS == 0 or n == n_last - 1)
         for g in range(g_first, g_last):
@@ -1110,8 +1108,8 @@ def _backward_rows(
                 A, B = 0.0, 0.0
             else:
                 A, B = _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
-            proj, mdx = B * inv_L, A * inv_L if use_mean else 0.0
-            _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, proj, mdx, fixed, per_value, tw, tb)
+            mdx = A / L if use_mean else 0.0
+            _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, per_value, tw, tb)
             if fold:
                 _fold_terms(tw, tb, pw[g], pb[g])
 
