@@ -627,8 +627,9 @@ def run(
         if not quick:
             first = "cold first LayerNorm fwd+bwd, compiling its kernels, process wall time (s)"
             times[first] = startup_seconds(cold=True)
-            processes = usable_cpus()
-            every = f"cold compile of every kernel, both dtypes, {processes} processes at once, wall time (s)"
+            n = usable_cpus()
+            processes = f"{n} processes at once" if n > 1 else "1 process"
+            every = f"cold compile of every kernel, both dtypes, {processes}, wall time (s)"
             times[every] = startup_seconds(cold=True, every_kernel=True)
     return Report(machine_description(), bandwidth, rows, sweep_rows, times, quick, time.perf_counter() - t0)
 

@@ -181,6 +181,20 @@ def test_compiling_every_kernel_calls_each_kernel_alone_in_both_compiles_and_dty
     assert called == {(name, v, "float32") for name in numba_cpu._KERNELS for v in (0, 1)}
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"dtypes": ["float16"]}, r"compile_every_kernel: dtypes \['float16'\]: the kernels take float32 and float64"),
+        ({"processes": 0}, "compile_every_kernel: processes must be positive, got 0"),
+    ],
+)
+def test_compile_every_kernel_refuses_what_it_cannot_compile(options, message):
+    from minigrad_norm.kernels import numba_cpu
+
+    with pytest.raises(ValueError, match=message):
+        numba_cpu.compile_every_kernel(**options)
+
+
 def test_kernels_compiled_in_several_processes_load_from_the_cache_and_compute_the_references_values(tmp_path):
     """``compile_every_kernel`` shares the kernels out among processes that write one cache: a later process
     must load every kernel's serial and parallel compile for both dtypes from it, compile nothing, and get the

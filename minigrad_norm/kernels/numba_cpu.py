@@ -2104,6 +2104,11 @@ def compile_every_kernel(
     from tqdm import tqdm
 
     dtypes = [np.dtype(d).name for d in dtypes]
+    unknown = [d for d in dtypes if np.dtype(d) not in _KERNEL_DTYPES]
+    if unknown:
+        raise ValueError(f"compile_every_kernel: dtypes {unknown}: the kernels take float32 and float64 only")
+    if processes is not None and processes < 1:
+        raise ValueError(f"compile_every_kernel: processes must be positive, got {processes}")
     processes = processes or usable_cpus()
     if processes == 1:
         for name in tqdm(_KERNELS, desc="compile", unit="kernel", disable=not progress):
