@@ -2095,10 +2095,10 @@ def compile_every_kernel(
     is cached: no two processes write the same cache file. (numba reads a function's cache index, adds an
     entry and writes it back: two processes adding different signatures of one function at once can give
     both the same data file, and the index then points one signature at the other's machine code.)
-    On the 2-core AMD Zen 4 VM, both dtypes took 46 s in two processes against 83 s in one (the code before,
-    in one process, with the functions the kernels call cached too: 83 s and 85 s;
-    ``benchmarks/compile_time.py``, 2 rounds each). Compile times quoted elsewhere in this module are of one
-    process."""
+    On the 2-core AMD Zen 4 VM, both dtypes took 46 s in two processes against 83 s in one (the code before
+    this, which cached the functions the kernels call too and compiled in one process, 83-85 s;
+    ``benchmarks/compile_time.py``, medians of 2 rounds). Compile times quoted elsewhere in this module are of
+    one process."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from tqdm import tqdm
