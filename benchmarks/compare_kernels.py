@@ -1,7 +1,7 @@
 """Time the numba kernels against an earlier version of themselves, interleaved in one process.
 
     python benchmarks/compare_kernels.py REV [--views 8192x1x1024x1 32x8x8x3136 ...]
-                                             [--dtype float32] [--threads 2] [--rounds 60] [--cold]
+                                             [--dtype float32] [--threads 2] [--rounds 60] [--cold] [--floor]
 
 Loads ``minigrad_norm/kernels/numba_cpu.py`` as it was at git revision REV into a
 module of its own (compiled into its own cache), then times forward, backward and
@@ -11,8 +11,11 @@ alternate call by call, and the order flips every round (ABBA), so that neither
 always runs in the cache state the other leaves behind (a fixed order showed 7-9 %
 between two copies of the same code). Reports the medians and new/old.
 
-Run it against HEAD with the tree unchanged first: that is how far apart two copies
-of the same code read, the floor under which a change shows nothing. On the Intel VM
+Run it against HEAD with the tree unchanged first, or pass ``--floor``, which times a
+second copy of the working tree's kernels (loaded as REV's are) in the same rounds and
+reports new/twin: that is how far apart two copies of the same code read, the floor
+under which a change shows nothing. (On the AMD VM, in one hour, two copies read
+0.93-1.04 apart in runs of their own, and a change's 0.92-0.94 hot stood inside that.) On the Intel VM
 that was 2 %. On the AMD VM (CPU family 26, 2 threads, cold) it was 0.87-1.08 for
 most views and directions, but the backward of 65536x1x128x1 read 1.19-1.34 and its
 backward without affine gradients 0.86-0.90, in four runs out of four (why is not
@@ -47,12 +50,18 @@ EPS = 1e-5
 VIEWS = ("8192x1x1024x1", "65536x1x128x1", "512x1x4096x1", "4096x1x768x1", "32x64x1x3136bn", "32x8x8x3136")
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def load_revision(rev: str, into: Path):
     """numba_cpu.py at git revision ``rev``, imported as a module of its own."""
-    root = Path(__file__).resolve().parent.parent
     show = ["git", "show", f"{rev}:minigrad_norm/kernels/numba_cpu.py"]
-    source = subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout
-    path = into / f"numba_cpu_{rev.replace('/', '_').replace('~', '_')}.py"
+    source = subprocess.run(show, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return load_source(source, into / f"numba_cpu_{rev.replace('/', '_').replace('~', '_')}.py")
+
+
+def load_source(source: str, path: Path):
+    """``source`` written to ``path`` and imported from there, as a module of its own."""
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -83,20 +92,25 @@ def runners(mod, p: dict) -> dict:
     }
 
 
-def abba(old, new, rounds: int, before=None) -> tuple[float, float]:
-    """Median ms of each, alternating call by call, the order flipped every round; ``before`` (untimed)
-    runs before each timed call."""
-    old(), new()
-    times: dict[int, list[float]] = {0: [], 1: []}
-    fns = (old, new)
+def interleaved(fns: list, rounds: int, before=None) -> list[float]:
+    """Median ms of each of ``fns``, called in turn, each round in an order rotated by one and every other
+    cycle reversed (for two: AB BA BA AB), so that none always runs in the cache state another leaves
+    behind; ``before`` (untimed) runs before each timed call."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    k = len(fns)
     for r in range(rounds):
-        for i in (0, 1) if r % 2 else (1, 0):
+        order = [(i + r) % k for i in range(k)]
+        if (r // k) % 2:
+            order.reverse()
+        for i in order:
             if before is not None:
                 before()
             t = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times[0]), 1e3 * statistics.median(times[1])
+    return [1e3 * statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -107,21 +121,32 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--cold", action="store_true", help="empty the caches before each timed call")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time a second copy of the working tree's kernels, loaded as REV's are, in the same rounds: "
+        "new/twin, two copies of the same code, is the floor under which new/old shows nothing",
+    )
     args = parser.parse_args()
     numba.set_num_threads(args.threads)
     before = bench.Stream(quick=True).evict if args.cold else None
     with tempfile.TemporaryDirectory() as tmp:
-        old_mod = load_revision(args.rev, Path(tmp))
+        modules = [load_revision(args.rev, Path(tmp)), numba_cpu]
+        if args.floor:
+            source = (ROOT / "minigrad_norm" / "kernels" / "numba_cpu.py").read_text()
+            modules.append(load_source(source, Path(tmp) / "numba_cpu_twin.py"))
         state = "cold" if args.cold else "hot"
         print(f"numba kernels: {args.rev} (old) against the working tree (new), {args.dtype}, {args.threads} threads")
         print(f"{state} caches")
-        print(f"{'view':>16} {'direction':>22} {'old ms':>9} {'new ms':>9} {'new/old':>8}")
+        floor = f" {'twin ms':>9} {'new/twin':>8}" if args.floor else ""
+        print(f"{'view':>16} {'direction':>22} {'old ms':>9} {'new ms':>9} {'new/old':>8}{floor}")
         for view in args.views:
             arrays = problem(view, np.dtype(args.dtype))
-            old, new = runners(old_mod, arrays), runners(numba_cpu, arrays)
-            for direction in old:
-                t_old, t_new = abba(old[direction], new[direction], args.rounds, before)
-                print(f"{view:>16} {direction:>22} {t_old:>9.3f} {t_new:>9.3f} {t_new / t_old:>8.2f}")
+            calls = [runners(module, arrays) for module in modules]
+            for direction in calls[0]:
+                t = interleaved([c[direction] for c in calls], args.rounds, before)
+                line = f"{view:>16} {direction:>22} {t[0]:>9.3f} {t[1]:>9.3f} {t[1] / t[0]:>8.2f}"
+                print(line + (f" {t[2]:>9.3f} {t[1] / t[2]:>8.2f}" if args.floor else ""))
                 sys.stdout.flush()
 
 
