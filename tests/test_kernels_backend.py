@@ -583,3 +583,26 @@ def test_bench_cli_parses():
     with pytest.raises(SystemExit) as exc:
         cli_main(["bench", "--help"])
     assert exc.value.code == 0
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_compare_kernels_interleaves_so_no_version_keeps_one_place(k):
+    """``benchmarks/compare_kernels.py`` times versions of the kernels call by call, after one untimed call each:
+    over 2k rounds each version must run once a round and in every place of the round (first, second, ...)
+    equally often, so that none always runs in the cache state one other leaves behind."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "compare_kernels.py"
+    spec = importlib.util.spec_from_file_location("compare_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls = []
+    medians = module.interleaved([lambda i=i: calls.append(i) for i in range(k)], rounds=2 * k)
+    assert len(medians) == k
+    warm, timed = calls[:k], calls[k:]
+    assert warm == list(range(k))
+    rounds = [timed[r * k : (r + 1) * k] for r in range(2 * k)]
+    assert all(sorted(r) == list(range(k)) for r in rounds)
+    for place in range(k):
+        assert sorted(r[place] for r in rounds) == sorted(list(range(k)) * 2)
