@@ -14,9 +14,9 @@ between two copies of the same code). Reports the medians and new/old.
 Run it against HEAD with the tree unchanged first, or pass ``--floor``, which times a
 second copy of the working tree's kernels (loaded as REV's are) in the same rounds and
 reports new/twin: that is how far apart two copies of the same code read, the floor
-under which a change shows nothing. (On the AMD VM, in one hour, two copies read
-0.93-1.04 apart in runs of their own, and a change's 0.92-0.94 hot stood inside that.) On the Intel VM
-that was 2 %. On the AMD VM (CPU family 26, 2 threads, cold) it was 0.87-1.08 for
+under which a change shows nothing. On the Intel VM that was 2 %. On the AMD Zen 4 VM
+(CPU family 25), in one hour, 0.93-1.04 in runs of their own, and a change's 0.92-0.94
+hot stood inside that. On the AMD VM of CPU family 26 (2 threads, cold) it was 0.87-1.08 for
 most views and directions, but the backward of 65536x1x128x1 read 1.19-1.34 and its
 backward without affine gradients 0.86-0.90, in four runs out of four (why is not
 known; where each compiled copy's loops lie in memory is one candidate).
