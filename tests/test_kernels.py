@@ -252,6 +252,35 @@ def test_batch_norm_in_short_runs_skips_masked_rows(dtype):
     assert np.all(np.isnan(mean)) and np.all(np.isnan(var)) and np.all(np.isnan(want_mean))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN in the reference's sums
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("masked", [False, True])
+def test_batch_norm_in_short_runs_sums_wide_rows_four_at_a_time(dtype, masked):
+    """Rows wide enough that the columns kernels sum them four at a time (COLUMNS_FOUR_ROWS_MIN_STATE_BYTES: the
+    forward's moments from 2048 positions, the backward's sums from 1024), in chunks and runs of valid rows whose
+    lengths are not multiples of four, so that blocks of four and the rows left over both run; held to the
+    reference, with NaN and inf in valid rows (inside a block of four and in a row left over) spreading as in the
+    reference and, with the mask, NaN and inf in masked rows reaching nothing."""
+    P = numba_cpu.COLUMNS_FOUR_ROWS_MIN_STATE_BYTES // 16
+    N = 39
+    assert numba_cpu._column_chunks(N) == 2  # chunks of 20 and 19 rows
+    rng = np.random.default_rng(11)
+    x = (3.0 + rng.standard_normal((N, P, 1, 1))).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    x[1, 5], dy[2, 9], x[38, 17], dy[37, 33] = np.nan, np.inf, -np.inf, np.nan  # rows 0-3 a block, 36-38 left over
+    mask = None
+    if masked:
+        mask = np.ones((N, 1), bool)
+        mask[[6, 16, 17, 29]] = False  # valid runs of 6, 9, 11 (in two chunks), 9 rows
+        x[6, :40:3], dy[16, 1:50:7], x[29, 100] = np.nan, np.inf, -np.inf
+    assert numba_cpu._by_columns(x.shape, x.itemsize, True, mask)
+    w, b = rng.standard_normal((P, 1)).astype(dtype), rng.standard_normal((P, 1)).astype(dtype)
+    case = dict(x=x, dy=dy, weight=w, bias=b, reduce_batch=True, mask=mask, need_affine_grads=True)
+    for centered in (True, False):
+        for eval_stats in (False, True):
+            check_case({**case, "centered": centered, "eval_stats": eval_stats})
+
+
 def test_only_batch_norm_in_short_runs_goes_by_columns():
     """Which calls the columns kernels take: BatchNorm, one run per block, runs under COLUMNS_MAX_RUN_BYTES,
     unmasked or with a mask of whole rows (runs of one value)."""

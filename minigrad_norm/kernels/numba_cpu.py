@@ -173,6 +173,9 @@ ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN = 2048
 # The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
 # _column_moments.
 COLUMNS_TILE_BYTES = 256 * 1024
+# The columns kernels' sums take rows four at a time where the float64 sums and statistics they keep per position
+# of a row fill at least this many bytes (L1d): see _column_dy_sums.
+COLUMNS_FOUR_ROWS_MIN_STATE_BYTES = 32 * 1024
 # A streamed output goes through an L1-resident scratch row of at most this many bytes: see _scratch_len.
 STREAM_CHUNK_BYTES = 4096
 # A row's dweight/dbias terms are summed in x's dtype over blocks of this many rows, then in float64: see _fold_terms.
@@ -1274,12 +1277,19 @@ def _column_moments(x2, valid, has_mask, n_first, n_last, out):
     share, up to 1.11 ((256, 512): 62 against 55 microseconds); those with tiles of 64 KiB. Against those,
     tiles of 256 KiB took the same time (0.96-1.01) but for rows so long that a tile of 64 KiB held few of them,
     merged after every other row: float32 (512, 16384) 0.79, (256, 512 * 16) 0.87, float64 (512, 8192) 0.84.
-    Tiles of 16 KiB took float32 (8192, 1024) 1.03-1.14."""
+    Tiles of 16 KiB took float32 (8192, 1024) 1.03-1.14.
+
+    Rows whose two float64 values per position (tile_sum, tile_m2) fill L1 (COLUMNS_FOUR_ROWS_MIN_STATE_BYTES:
+    2048 positions or more) go four at a time, as in ``_column_dy_sums``: ``compare_kernels.py --cold`` took the
+    float32 forward of (4096, 2048) 0.85 and 0.96 of the time in two runs, (2048, 4096) 0.84, float64 (4096, 2048)
+    0.88-0.94 (two copies of the same code 1.00-1.02); but rows of 1024 float32 values, whose 16 KiB of sums fit
+    L1, 1.09 (8192, 1024), so they stay one at a time."""
     x2, out = _borrowed(x2), _borrowed(out)
     P = x2.shape[1]
     total, m2 = out[0], out[1]
     tile_sum, tile_m2 = np.empty(P), np.empty(P)
     rows = max(1, COLUMNS_TILE_BYTES // max(1, P * x2.itemsize))
+    by_four = 16 * P >= COLUMNS_FOUR_ROWS_MIN_STATE_BYTES  # (tile_sum, tile_m2)
     total[:] = 0.0
     m2[:] = 0.0
     n_a = 0
@@ -1290,8 +1300,14 @@ def _column_moments(x2, valid, has_mask, n_first, n_last, out):
         first, stop = _valid_run(valid, has_mask, t0, t1)
         while first < stop:
             n_b += stop - first
-            for n in range(first, stop):
-                xr = x2[n]
+            n = first
+            while by_four and n + 4 <= stop:
+                xa, xb, xc, xd = x2[n], x2[n + 1], x2[n + 2], x2[n + 3]
+                for p in range(P):
+                    tile_sum[p] += (np.float64(xa[p]) + xb[p]) + (np.float64(xc[p]) + xd[p])
+                n += 4
+            for q in range(n, stop):
+                xr = x2[q]
                 for p in range(P):
                     tile_sum[p] += xr[p]
             first, stop = _valid_run(valid, has_mask, stop, t1)
@@ -1301,8 +1317,16 @@ def _column_moments(x2, valid, has_mask, n_first, n_last, out):
         inv_b = 1.0 / n_b
         first, stop = _valid_run(valid, has_mask, t0, t1)
         while first < stop:
-            for n in range(first, stop):
-                xr = x2[n]
+            n = first
+            while by_four and n + 4 <= stop:
+                xa, xb, xc, xd = x2[n], x2[n + 1], x2[n + 2], x2[n + 3]
+                for p in range(P):
+                    c = tile_sum[p] * inv_b
+                    da, db, dc, dd = xa[p] - c, xb[p] - c, xc[p] - c, xd[p] - c
+                    tile_m2[p] += (da * da + db * db) + (dc * dc + dd * dd)
+                n += 4
+            for q in range(n, stop):
+                xr = x2[q]
                 for p in range(P):
                     d = xr[p] - tile_sum[p] * inv_b
                     tile_m2[p] += d * d
@@ -1348,18 +1372,46 @@ def _column_dy_sums(dy2, x2, valid, has_mask, mu, r, n_first, n_last, acc):
     two: too little work per row to hide the latency of adding into the same accumulators row after row. The
     rows in blocks of 16 and the positions in tiles of 256, so that the sums and factors of a tile stay in L1
     whatever the row's length, in the same order of additions: float32 (8192, 1024) 1.03-1.04x the time from
-    cold caches, (4096, 2048) 1.05-1.13x; the AMD Zen 4 VM.)"""
+    cold caches, (4096, 2048) 1.05-1.13x; the AMD Zen 4 VM.)
+
+    Rows whose four float64 values per position (a0, a1, mu, r) fill L1 (COLUMNS_FOUR_ROWS_MIN_STATE_BYTES: 1024
+    positions or more) go four at a time within each run of valid rows, their terms added in pairs before they
+    reach the accumulators: one load and store of a0[p] and a1[p], and of mu[p] and r[p], for four rows instead of
+    one, and eight read streams instead of two. This pass alone, from cold caches on 2 threads (the AMD Zen 4 VM),
+    took float32 (8192, 1024) and (4096, 2048) 0.65-0.67 of the time (2.3-2.8 ms against 3.5-4.2: about the time
+    of a pass that only reads x and dy, 2.35 ms), float64 (8192, 1024) 0.76 and (2048, 2048) 0.81;
+    ``benchmarks/compare_kernels.py --cold`` took the whole float32 backward of those 0.82-0.88 of the time (two
+    copies of the same code 1.00-1.02), float64 0.91-0.98. Narrower rows stay one at a time: four at a time took
+    float32 rows of 128, 256 and 512 values 2.0, 2.2 and 1.2 times as long, float64 rows of 256 and 512 values
+    1.5 and 1.3 (several rows of one 4 KiB page read in turn, which the hardware prefetcher follows less well than
+    one row after the other; rows of 4 KiB or more are a page each).
+    (The dx pass four rows at a time, each position's six factors loaded once for four rows: float32 (8192, 1024)
+    1.01-1.02 of the time cold, (1024, 1024) 1.12-1.14 hot: not taken.)"""
     dy2, x2, mu, r = _borrowed(dy2), _borrowed(x2), _borrowed(mu), _borrowed(r)
     a0, a1 = _borrowed(acc[0]), _borrowed(acc[1])
     acc[:] = 0.0
-    for n in range(n_first, n_last):
-        if not _row_valid(valid, has_mask, n):
-            continue
-        dyr, xr = dy2[n], x2[n]
-        for p in range(a0.shape[0]):
-            d = np.float64(dyr[p])
-            a0[p] += d
-            a1[p] += d * ((xr[p] - mu[p]) * r[p])
+    by_four = 32 * a0.shape[0] >= COLUMNS_FOUR_ROWS_MIN_STATE_BYTES  # (a0, a1, mu, r)
+    first, stop = _valid_run(valid, has_mask, n_first, n_last)
+    while first < stop:
+        n = first
+        while by_four and n + 4 <= stop:
+            dya, dyb, dyc, dyd = dy2[n], dy2[n + 1], dy2[n + 2], dy2[n + 3]
+            xa, xb, xc, xd = x2[n], x2[n + 1], x2[n + 2], x2[n + 3]
+            for p in range(a0.shape[0]):
+                m, rp = mu[p], r[p]
+                ea, eb, ec, ed = np.float64(dya[p]), np.float64(dyb[p]), np.float64(dyc[p]), np.float64(dyd[p])
+                a0[p] += (ea + eb) + (ec + ed)
+                a1[p] += (ea * ((xa[p] - m) * rp) + eb * ((xb[p] - m) * rp)) + (
+                    ec * ((xc[p] - m) * rp) + ed * ((xd[p] - m) * rp)
+                )
+            n += 4
+        for q in range(n, stop):
+            dyr, xr = dy2[q], x2[q]
+            for p in range(a0.shape[0]):
+                d = np.float64(dyr[p])
+                a0[p] += d
+                a1[p] += d * ((xr[p] - mu[p]) * r[p])
+        first, stop = _valid_run(valid, has_mask, stop, n_last)
 
 
 @_item
