@@ -256,12 +256,13 @@ def test_batch_norm_in_short_runs_skips_masked_rows(dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("masked", [False, True])
 def test_batch_norm_in_short_runs_sums_wide_rows_four_at_a_time(dtype, masked):
-    """Rows wide enough that the columns kernels sum them four at a time (COLUMNS_FOUR_ROWS_MIN_STATE_BYTES: the
-    forward's moments from 2048 positions, the backward's sums from 1024), in chunks and runs of valid rows whose
-    lengths are not multiples of four, so that blocks of four and the rows left over both run; held to the
-    reference, with NaN and inf in valid rows (inside a block of four and in a row left over) spreading as in the
-    reference and, with the mask, NaN and inf in masked rows reaching nothing."""
-    P = numba_cpu.COLUMNS_FOUR_ROWS_MIN_STATE_BYTES // 16
+    """Rows wide enough that the columns kernels sum them four at a time (``_four_rows``: the forward's moments and
+    the backward's sums), in chunks and runs of valid rows whose lengths are not multiples of four, so that blocks
+    of four and the rows left over both run; held to the reference, with NaN and inf in valid rows (inside a block
+    of four and in a row left over) spreading as in the reference and, with the mask, NaN and inf in masked rows
+    reaching nothing."""
+    P, itemsize = 1440, np.dtype(dtype).itemsize
+    assert numba_cpu._four_rows(P, 16 + itemsize) and numba_cpu._four_rows(P, 32 + 2 * itemsize)
     N = 39
     assert numba_cpu._column_chunks(N) == 2  # chunks of 20 and 19 rows
     rng = np.random.default_rng(11)

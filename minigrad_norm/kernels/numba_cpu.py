@@ -173,9 +173,10 @@ ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN = 2048
 # The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
 # _column_moments.
 COLUMNS_TILE_BYTES = 256 * 1024
-# The columns kernels' sums take rows four at a time where the float64 sums and statistics they keep per position
-# of a row fill at least this many bytes (L1d): see _column_dy_sums.
-COLUMNS_FOUR_ROWS_MIN_STATE_BYTES = 32 * 1024
+# The columns kernels' sums take rows four at a time where what they keep in L1 for a row (the float64 sums and
+# statistics of its positions, and the row read) comes to this many bytes or more, near L1d's 32 KiB: see
+# _column_dy_sums.
+COLUMNS_FOUR_ROWS_MIN_BYTES = 28 * 1024
 # A streamed output goes through an L1-resident scratch row of at most this many bytes: see _scratch_len.
 STREAM_CHUNK_BYTES = 4096
 # A row's dweight/dbias terms are summed in x's dtype over blocks of this many rows, then in float64: see _fold_terms.
@@ -1260,6 +1261,13 @@ def _merged_moments(sum_a, m2_a, n_a, sum_b, m2_b, n_b):
     return sum_a + sum_b, m2_a + m2_b + delta * delta * (n_a * n_b / (n_a + n_b))
 
 
+@numba.njit(inline="always")
+def _four_rows(P, bytes_per_position):
+    """Whether a columns pass keeping ``bytes_per_position`` in L1 for each of a row's P positions takes the rows
+    four at a time (COLUMNS_FOUR_ROWS_MIN_BYTES; see ``_column_dy_sums``)."""
+    return P * bytes_per_position >= COLUMNS_FOUR_ROWS_MIN_BYTES
+
+
 @_item
 def _column_moments(x2, valid, has_mask, n_first, n_last, out):
     """out[0, p] = the sum of x2[n, p] over the valid rows n = n_first..n_last-1 (``_row_valid``), and out[1, p]
@@ -1279,17 +1287,17 @@ def _column_moments(x2, valid, has_mask, n_first, n_last, out):
     merged after every other row: float32 (512, 16384) 0.79, (256, 512 * 16) 0.87, float64 (512, 8192) 0.84.
     Tiles of 16 KiB took float32 (8192, 1024) 1.03-1.14.
 
-    Rows whose two float64 values per position (tile_sum, tile_m2) fill L1 (COLUMNS_FOUR_ROWS_MIN_STATE_BYTES:
-    2048 positions or more) go four at a time, as in ``_column_dy_sums``: ``compare_kernels.py --cold`` took the
-    float32 forward of (4096, 2048) 0.85 and 0.96 of the time in two runs, (2048, 4096) 0.84, float64 (4096, 2048)
-    0.88-0.94 (two copies of the same code 1.00-1.02); but rows of 1024 float32 values, whose 16 KiB of sums fit
-    L1, 1.09 (8192, 1024), so they stay one at a time."""
+    Rows for which the tile's loops keep nearly L1's 32 KiB there (COLUMNS_FOUR_ROWS_MIN_BYTES: tile_sum and
+    tile_m2, 16 bytes per position, and the row; float32 rows of 1434 values or more, float64 of 1195) go four at
+    a time, as in ``_column_dy_sums``: ``compare_kernels.py --cold`` took the float32 forward of (4096, 2048) 0.85
+    and 0.96 of the time in two runs, (2048, 4096) 0.84, float64 (4096, 2048) 0.88-0.94 (two copies of the same
+    code 1.00-1.02); but rows of 1024 float32 values, 20 KiB of sums and row, 1.09 (8192, 1024)."""
     x2, out = _borrowed(x2), _borrowed(out)
     P = x2.shape[1]
     total, m2 = out[0], out[1]
     tile_sum, tile_m2 = np.empty(P), np.empty(P)
     rows = max(1, COLUMNS_TILE_BYTES // max(1, P * x2.itemsize))
-    by_four = 16 * P >= COLUMNS_FOUR_ROWS_MIN_STATE_BYTES  # (tile_sum, tile_m2)
+    by_four = _four_rows(P, 16 + x2.itemsize)  # (tile_sum, tile_m2 and the row)
     total[:] = 0.0
     m2[:] = 0.0
     n_a = 0
@@ -1374,23 +1382,25 @@ def _column_dy_sums(dy2, x2, valid, has_mask, mu, r, n_first, n_last, acc):
     whatever the row's length, in the same order of additions: float32 (8192, 1024) 1.03-1.04x the time from
     cold caches, (4096, 2048) 1.05-1.13x; the AMD Zen 4 VM.)
 
-    Rows whose four float64 values per position (a0, a1, mu, r) fill L1 (COLUMNS_FOUR_ROWS_MIN_STATE_BYTES: 1024
-    positions or more) go four at a time within each run of valid rows, their terms added in pairs before they
-    reach the accumulators: one load and store of a0[p] and a1[p], and of mu[p] and r[p], for four rows instead of
-    one, and eight read streams instead of two. This pass alone, from cold caches on 2 threads (the AMD Zen 4 VM),
-    took float32 (8192, 1024) and (4096, 2048) 0.65-0.67 of the time (2.3-2.8 ms against 3.5-4.2: about the time
-    of a pass that only reads x and dy, 2.35 ms), float64 (8192, 1024) 0.76 and (2048, 2048) 0.81;
-    ``benchmarks/compare_kernels.py --cold`` took the whole float32 backward of those 0.82-0.88 of the time (two
-    copies of the same code 1.00-1.02), float64 0.91-0.98. Narrower rows stay one at a time: four at a time took
-    float32 rows of 128, 256 and 512 values 2.0, 2.2 and 1.2 times as long, float64 rows of 256 and 512 values
-    1.5 and 1.3 (several rows of one 4 KiB page read in turn, which the hardware prefetcher follows less well than
-    one row after the other; rows of 4 KiB or more are a page each).
+    Rows for which this pass keeps in L1 nearly L1's 32 KiB (COLUMNS_FOUR_ROWS_MIN_BYTES: a0, a1, mu and r, 32
+    bytes per position, and the rows of dy and x; float32 rows of 717 values or more, float64 of 598) go four at a
+    time within each run of valid rows, their terms added in pairs before they reach the accumulators: one load and
+    store of a0[p] and a1[p], and one load of mu[p] and r[p], for four rows instead of one, and eight read streams
+    instead of two. This pass alone, from cold caches on 2 threads (the AMD Zen 4 VM), took float32 (8192, 1024)
+    and (4096, 2048) 0.65-0.67 of the time (2.3-2.8 ms against 3.5-4.2: about the time of a pass that only reads x
+    and dy, 2.35 ms), (16384, 768) 0.75-0.78, float64 (8192, 1024) 0.76, (2048, 2048) 0.81, (8192, 768) 0.82;
+    ``benchmarks/compare_kernels.py --cold`` took the whole float32 backward of rows of 1024 and 2048 values 0.82-0.88
+    of the time (two copies of the same code 1.00-1.02), of 768 values 0.94-0.97, float64 0.91-0.98 and 0.94-0.95.
+    Narrower rows stay one at a time: four at a time took this pass on float32 rows of 640 values 1.00 of the time,
+    of 128, 256 and 512 values 2.0, 2.2 and 1.2-1.7, float64 rows of 256 and 512 values 1.5 and 1.1-1.3 (likely
+    because several rows read in turn, parts of one 4 KiB page, are a pattern the hardware prefetcher follows less
+    well than one row after the other, and a row's sums that stay in L1 gain little from fewer loads).
     (The dx pass four rows at a time, each position's six factors loaded once for four rows: float32 (8192, 1024)
     1.01-1.02 of the time cold, (1024, 1024) 1.12-1.14 hot: not taken.)"""
     dy2, x2, mu, r = _borrowed(dy2), _borrowed(x2), _borrowed(mu), _borrowed(r)
     a0, a1 = _borrowed(acc[0]), _borrowed(acc[1])
     acc[:] = 0.0
-    by_four = 32 * a0.shape[0] >= COLUMNS_FOUR_ROWS_MIN_STATE_BYTES  # (a0, a1, mu, r)
+    by_four = _four_rows(a0.shape[0], 32 + 2 * x2.itemsize)  # (a0, a1, mu, r and the rows of dy and x)
     first, stop = _valid_run(valid, has_mask, n_first, n_last)
     while first < stop:
         n = first
