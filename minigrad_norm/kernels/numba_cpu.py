@@ -772,7 +772,9 @@ def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, tw, tb):
     piece in L1: float32 1.07-1.11 on rows of 768-4096 values. A pipeline one row deep, the terms of row n
     in the loop that reads row n + 1 from DRAM for its sums, so that the one's loads overlap the other's
     arithmetic: float32 rows of 1024 and 4096 values 0.99-1.20 and 1.09-1.22, and rows of 128 values 0.98
-    in one process, 1.81 in the next.)
+    in one process, 1.81 in the next. In the sums pass again, now in x's dtype, each term dy * xhat from that pass's
+    float64 xhat, rounded: float32 rows of 768, 1024 and 4096 values 0.94-1.01 of the time cold, of 128 values 1.19,
+    where two copies of the same code read 1.00-1.09 apart.)
 
     What the terms cost, on the AMD Zen 4 VM: the float32 LayerNorm backward of (8192, 1024) took 4.3-4.6 ms
     from cold caches on 2 threads, 2.7-2.9 without dweight/dbias, about the time of a triad over the same
@@ -1199,6 +1201,12 @@ def _backward_groups(
 # float32 (8192, 1024) with a fifth of the rows masked, hot, 2 threads: forward 2.6 ms and backward 4.1, where
 # the channel walk took 75 and 165 and the NumPy reference 83 and 137 (float64: 4.7 and 7.6, the reference 77
 # and 136). A mask inside the rows (runs of S > 1 values) keeps the channel walk.
+#
+# (The batch walked in tiles of columns instead, all N rows of T positions, so that the second and third reads of
+# a tile find it in the cache and x comes from DRAM once: float32 (8192, 1024) forward 2.0-2.7 times the time from
+# cold caches with T = 64, 128, 256, and 1.8-4.2 hot with T = 16, 64, 256; only a batch that fits in the L3
+# gained, (1024, 1024) 0.57 and 0.67 (T = 256, 64). Each row of a tile lies in a page of its own, 4 KiB after
+# the last: likely a walk that the TLB and the hardware prefetcher follow poorly.)
 
 
 @numba.njit(inline="always")
