@@ -4,8 +4,9 @@
                                              [--dtype float32] [--threads 2] [--rounds 60] [--cold] [--floor]
 
 Loads ``minigrad_norm/kernels/numba_cpu.py`` as it was at git revision REV into a
-module of its own (compiled into its own cache), then times forward, backward and
-backward without affine gradients of both versions on each (N, G, K, S) view, with
+module of its own (compiled into its own cache), then times forward, backward,
+backward without affine gradients and, for a BatchNorm view, the forward with given
+statistics (eval mode) of both versions on each (N, G, K, S) view, with
 preallocated outputs, both on the very same arrays (see ``problem``). The two
 alternate call by call, and the order flips every round (ABBA), so that neither
 always runs in the cache state the other leaves behind (a fixed order showed 7-9 %
@@ -79,17 +80,23 @@ def problem(view: str, dtype: np.dtype) -> dict:
     w, b = (rng.standard_normal(shape[1:3]).astype(dtype) for _ in range(2))
     y, dx = aligned_empty(shape, dtype), aligned_empty(shape, dtype)  # as the benchmark preallocates them
     _, mean, var = numba_cpu.norm_forward(x, w, b, EPS, reduce_batch=reduce_batch)
-    return dict(x=x, dy=dy, w=w, b=b, y=y, dx=dx, mean=mean, rstd=1 / np.sqrt(var + EPS), reduce_batch=reduce_batch)
+    return dict(
+        x=x, dy=dy, w=w, b=b, y=y, dx=dx, mean=mean, var=var, rstd=1 / np.sqrt(var + EPS), reduce_batch=reduce_batch
+    )
 
 
 def runners(mod, p: dict) -> dict:
     x, dy, w, mean, rstd = p["x"], p["dy"], p["w"], p["mean"], p["rstd"]
     opts = dict(reduce_batch=p["reduce_batch"], out=p["dx"])
-    return {
+    fns = {
         "fwd": lambda: mod.norm_forward(x, w, p["b"], EPS, out=p["y"], reduce_batch=p["reduce_batch"]),
         "bwd": lambda: mod.norm_backward(dy, x, mean, rstd, w, **opts),
         "bwd, no affine grads": lambda: mod.norm_backward(dy, x, mean, rstd, w, need_affine_grads=False, **opts),
     }
+    if p["reduce_batch"]:  # BatchNorm in eval mode: the forward with the running statistics given
+        stats = (mean, p["var"])
+        fns["fwd, eval"] = lambda: mod.norm_forward(x, w, p["b"], EPS, out=p["y"], reduce_batch=True, stats=stats)
+    return fns
 
 
 def interleaved(fns: list, rounds: int, before=None) -> list[float]:

@@ -532,7 +532,8 @@ def test_streaming_stores_change_no_bit_and_stay_inside_out(case, offset, parall
     buffer), on the serial and the parallel compile, with NaN/inf in x or not, they give the bits of
     the ordinary stores, and leave the guard values around ``out`` untouched. Long groups and long
     LayerNorm rows (hundreds or thousands of values) are streamed in pieces (``_scratch_len``), short-run
-    BatchNorm's rows (the columns kernels) whole."""
+    BatchNorm's rows (the columns kernels) whole. The forward with given statistics (eval mode) too:
+    streamed, BatchNorm's blocks go in memory order rather than channel by channel, to the same bits."""
     x = case["x"]
     if non_finite and x.size >= 3:
         x = _with_non_finite(x, np.random.default_rng(offset))
@@ -545,16 +546,17 @@ def test_streaming_stores_change_no_bit_and_stay_inside_out(case, offset, parall
             mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
             mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
             mp.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
-            bufs = [np.full(x.size + 40, guard, dtype=x.dtype) for _ in range(2)]
-            y_out, dx_out = (buf[offset : offset + x.size].reshape(x.shape) for buf in bufs)
+            bufs = [np.full(x.size + 40, guard, dtype=x.dtype) for _ in range(3)]
+            y_out, dx_out, y_eval_out = (buf[offset : offset + x.size].reshape(x.shape) for buf in bufs)
             y, mean, var = numba_cpu.norm_forward(x, w, b, EPS, out=y_out, **opts)
             rstd = 1 / np.sqrt(var + EPS)
             grads = numba_cpu.norm_backward(
                 dy, x, mean, rstd, w, need_affine_grads=case["need_affine_grads"], out=dx_out, **opts
             )
-            assert y is y_out and grads[0] is dx_out  # written in place, at the drawn alignment
+            y_eval = numba_cpu.norm_forward(x, w, b, EPS, stats=(mean, var), out=y_eval_out, **opts)[0]
+            assert y is y_out and grads[0] is dx_out and y_eval is y_eval_out  # in place, at the drawn alignment
             guards = [part for buf in bufs for part in (buf[:offset], buf[offset + x.size :])]
-            return [y, mean, var, *grads], guards
+            return [y, mean, var, *grads, y_eval], guards
 
     streamed, guards = run(True)
     ordinary, _ = run(False)
@@ -562,6 +564,39 @@ def test_streaming_stores_change_no_bit_and_stay_inside_out(case, offset, parall
         np.testing.assert_array_equal(got, want)
     for part in guards:
         assert np.all(part == guard)
+
+
+@given(
+    st.one_of(cases(), cases(max_side=3, long_rows=True)).map(lambda case: {**case, "reduce_batch": True}),
+    st.booleans(),
+    st.booleans(),
+)
+def test_eval_batch_norm_streamed_goes_in_memory_order_to_the_same_bits(case, parallel, non_finite):
+    """BatchNorm's forward with given statistics (eval mode), when its output streams, normalizes the (n, c)
+    blocks in memory order, each with its channel's statistics, instead of channel by channel: the same bits
+    as the channel walk (streaming off), for every block shape, mask and affine option, NaN/inf included,
+    and within the float32 bound of the reference."""
+    x = case["x"]
+    G = x.shape[1]
+    rng = np.random.default_rng(G)
+    mean = np.asarray(x, np.float64).mean(axis=(0, 2, 3)) + rng.standard_normal(G)
+    if non_finite and x.size >= 3:
+        x = _with_non_finite(x, np.random.default_rng(x.size))
+    w, b, mask = case["weight"], case["bias"], case["mask"]
+    var = rng.random(G) + 0.5
+    opts = dict(centered=case["centered"], reduce_batch=True, mask=mask, stats=(mean, var))
+
+    def forward(stream: bool) -> np.ndarray:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
+            mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
+            mp.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
+            return numba_cpu.norm_forward(x, w, b, EPS, out=np.empty(x.shape, x.dtype), **opts)[0]
+
+    in_memory_order = forward(True)
+    np.testing.assert_array_equal(in_memory_order, forward(False))
+    want = reference.norm_forward(x, w, b, EPS, **opts)[0]
+    np.testing.assert_allclose(in_memory_order, want, rtol=1e-5 if x.dtype == np.float32 else 1e-12, atol=1e-5)
 
 
 @given(cases(), st.booleans())
