@@ -341,7 +341,9 @@ def _rows_ahead(L, itemsize):
     Rows of 1024 values gained nothing clear (0.90-1.07), so longer rows are left to the hardware; so
     did the backward, prefetching its x and dy rows (0.84-1.08 by view and run), so it does not (on the
     AMD VM of CPU family 26, the next row's x and dy prefetched while dx streams out, whole or only their
-    first 512 bytes, took the LayerNorm backward 1.20-1.74 of the time, cold and hot).
+    first 512 bytes, took the LayerNorm backward 1.20-1.74 of the time, cold and hot; on the AMD Zen 4 VM, the next
+    row's x and dy into L2 before the dx pass of a backward with dweight/dbias: float32 rows of 768 and 1024 values
+    0.93-0.98 cold and hot, of 512, 2048 and 4096 values 1.04-1.11, float64 rows 0.98-1.09).
     From cold caches (``compare_kernels.py --cold``), prefetching rows of up to 16 KiB, 8 KiB ahead,
     took float32 rows of 768, 1024 and 4096 values 0.90-0.93, 0.90-0.92 and 0.94 of the time, but hot
     1.04, 1.15 and 1.09; float64 rows gained nothing cold (0.95-1.04). Not taken: a trade of the hot
