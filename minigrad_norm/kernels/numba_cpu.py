@@ -997,11 +997,11 @@ def _block_ahead(x3, n, g, p_next, last, reduce_batch, prefetch):
     streamed to memory by the kernel that wrote it, so cold is the usual case. An earlier version that also
     prefetched GroupNorm's blocks (8 channels, K > 1) took its float32 forward 1.10-1.15 of the time cold
     and 1.07 hot (float64 0.93), so GroupNorm goes without (its float32 forward already ran at about the
-    rate of a copy there); and so does eval-mode BatchNorm, which has no statistics pass to overlap. (A
-    BatchNorm item of 8 or 32 channels that sums the next channel's blocks piece by piece in this loop instead of
-    prefetching them, each block's M2 then taken from L1 and merged with Chan's update, so that no statistics
-    pass is left to read L2: float32 32x64x56x56 1.10-1.11 of the time cold, 2 threads; with the prefetch kept in
-    such items, 0.97-1.00.)"""
+    rate of a copy there; on the AMD Zen 4 VM, 1.07 cold and 1.00 hot); and so does eval-mode BatchNorm, which
+    has no statistics pass to overlap. (A BatchNorm item of 8 or 32 channels that sums the next channel's blocks
+    piece by piece in this loop instead of prefetching them, each block's M2 then taken from L1 and merged with
+    Chan's update, so that no statistics pass is left to read L2: float32 32x64x56x56 1.10-1.11 of the time cold,
+    2 threads; with the prefetch kept in such items, 0.97-1.00.)"""
     none = x3[n, g][:0]
     if not prefetch:
         return none
