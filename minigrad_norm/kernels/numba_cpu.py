@@ -2066,7 +2066,7 @@ def norm_forward(
     stream = _streams(y, out, K * S, short_aligned_blocks=False)
     if _rows(S, mask is not None, reduce_batch) and stats is None:
         _kernel("rows forward", x.size)(x3, w2, b2, bias is not None, float(eps), centered, mean2, var2, y3, stream)
-    elif reduce_batch and stats is not None and stream:
+    else:
         # Eval-mode BatchNorm with a streamed output: with its statistics given, each (n, c) block is normalized on
         # its own, so the blocks go in memory order, as InstanceNorm's, each with its channel's statistics, rather
         # than channel by channel, a block from each of the N samples in turn. ``benchmarks/compare_kernels.py``
@@ -2074,14 +2074,11 @@ def norm_forward(
         # 16x64x56x56 0.72, 64x64x28x28 0.77, float64 32x64x56x56 0.87; hot 0.90 and 1.02. Smaller inputs, whose
         # outputs stay in the cache, stay channel by channel: in memory order float32 blocks of 100-512 values
         # took 0.94-1.24 hot (each block then computes its rstd, a square root and a division, on the way).
+        by_blocks = reduce_batch and stats is not None and stream
+        mean_k, var_k = (np.repeat(mean2, N, axis=0), np.repeat(var2, N, axis=0)) if by_blocks else (mean2, var2)
         _kernel("groups forward", x.size)(
-            x3, w2, b2, bias is not None, float(eps), centered, False, _mask2(mask, N), mask is not None, True,
-            np.repeat(mean2, N, axis=0), np.repeat(var2, N, axis=0), y3, K, S, stream,
-        )  # fmt: skip
-    else:
-        _kernel("groups forward", x.size)(
-            x3, w2, b2, bias is not None, float(eps), centered, reduce_batch, _mask2(mask, N), mask is not None,
-            stats is not None, mean2, var2, y3, K, S, stream,
+            x3, w2, b2, bias is not None, float(eps), centered, reduce_batch and not by_blocks, _mask2(mask, N),
+            mask is not None, stats is not None, mean_k, var_k, y3, K, S, stream,
         )  # fmt: skip
     return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
 
