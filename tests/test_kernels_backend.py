@@ -291,6 +291,58 @@ def test_bench_runs_end_to_end(tmp_path):
     json.dumps(report.to_json())
 
 
+def test_bench_command_compiles_every_kernel_of_its_dtypes_before_timing_anything(monkeypatch):
+    """``minigrad-norm bench`` compiles the kernels of the run's dtypes (float32 too when the float32 size
+    sweep runs) first, in ``compile_every_kernel``'s parallel processes, and reports how long that took; a
+    bare ``run`` leaves compiling to the first calls."""
+    from minigrad_norm.kernels import numba_cpu
+
+    events = []
+    monkeypatch.setattr(numba_cpu, "compile_every_kernel", lambda dtypes, **_: events.append(("compile", dtypes)))
+    monkeypatch.setattr(bench, "time_case", lambda problem, direction, *a, **k: events.append(("time", direction)))
+    monkeypatch.setattr(bench.Stream, "measure", lambda self, *a: {})
+    reports = []
+    monkeypatch.setattr(bench, "format_report", lambda report, markdown=False: reports.append(report) or "")
+    args = dict(json=None, markdown=None, plot=None, no_progress=True, no_startup=True, only=["layer_norm"])
+    assert bench.main(type("Args", (), {**args, "quick": True})) == 0
+    assert events[0] == ("compile", ["float32"]) and {e[0] for e in events[1:]} == {"time"}
+    (report,) = reports
+    assert list(report.startup) == [
+        "compile (or load from the cache) of every kernel for float32, before the timings, "
+        f"{bench._processes()}, wall time (s)"
+    ]
+    events.clear()
+    case = bench.layer_norm_case(8, 16)
+    bench.run(
+        cases=[case], sweep=[case], dtypes=["float64"], startup=False, progress=False, compile_first=True, quick=True
+    )
+    assert events[0] == ("compile", ["float32", "float64"])
+    events.clear()
+    bench.run(cases=[case], sweep=[], dtypes=["float64"], startup=False, progress=False, compile_first=True, quick=True)
+    assert events[0] == ("compile", ["float64"])
+    events.clear()
+    bench.run(cases=[case], sweep=[], dtypes=["float64"], startup=False, progress=False, quick=True)
+    assert "compile" not in {e[0] for e in events}
+
+
+def test_bench_times_the_warm_start_on_numbas_own_cache_and_the_cold_on_an_empty_one(monkeypatch):
+    """The warm start-up runs its script twice on the cache the kernels use (the first run fills what is
+    missing), timing the second; the cold one runs it once on an empty cache of its own."""
+    calls = []
+
+    def run(argv, check, env):
+        cache = None if env is None else env["NUMBA_CACHE_DIR"]
+        calls.append(cache if cache is None else (cache, os.listdir(cache)))
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    bench.startup_seconds(cold=False)
+    assert calls == [None, None]  # the process's environment: numba's own cache
+    calls.clear()
+    bench.startup_seconds(cold=True)
+    ((cache, files),) = calls
+    assert cache != os.environ.get("NUMBA_CACHE_DIR") and files == []
+
+
 def test_bench_times_stream_in_the_rows_own_rounds(monkeypatch):
     """A row's STREAM copy and triad are timed in the same interleaved rounds as the implementations (the
     bandwidth of the same moments), not measured around the row, and so is the NumPy reference (with one
