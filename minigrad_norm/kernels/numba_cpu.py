@@ -428,6 +428,15 @@ def _sum(v):
 
 @_helper
 def _sum_sq_dev(v, mu):
+    """sum((v - mu)^2), in float64.
+
+    In float32 for float32 data, the deviations ((v - mu_hi) - mu_lo, ``_split``) squared and summed over
+    pieces of P values, the pieces' sums in float64, it took the float32 forward from cold caches on 2 threads
+    (``benchmarks/compare_kernels.py --cold --floor``, the AMD Zen 4 VM), with P = 128, 0.92 of the time on
+    InstanceNorm 32x64x56x56, 0.94 on GroupNorm, 0.93-0.97 on BatchNorm, 0.96 on LayerNorm 4096x768, 1.03 on
+    rows of 128 values; with P = 32, 0.97 and 1.18. Not taken: a reassociated float32 sum of P positive terms
+    is off by up to (P - 1) u of it, in whatever order LLVM adds them, so the bound on y (module docstring)
+    would grow from 8 u to about (8 + (P + 4) / 2) u, 74 u for P = 128, for 4-8 % of the time."""
     s = 0.0
     for i in range(v.shape[0]):
         d = v[i] - mu
@@ -793,17 +802,21 @@ def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, tw, tb):
     the four rows' dx, each term value loaded and stored once for four rows, as the columns' sums take BatchNorm1d's
     rows (``_column_dy_sums``): float32 rows of 128-4096 values 1.55-1.64 of the time cold.)
 
-    What the terms cost, on the AMD Zen 4 VM: the float32 LayerNorm backward of (8192, 1024) took 4.3-4.6 ms
-    from cold caches on 2 threads, 2.7-2.9 without dweight/dbias, about the time of a triad over the same
-    bytes (2.5-2.8). On one row in L1 this loop took 0.15-0.17 ns per value, the dx loop alone 0.08-0.09
-    (float64 0.44 and 0.15): each value stores three results instead of one. On rows of a few values a call
-    also costs about 12 ns more than ``_dx_row``'s, whatever the length. (The terms in a loop of their own
-    for rows of up to 512 bytes: alone, float32 rows of 16 values 10 ns instead of 17, but the backward of
-    InstanceNorm's 4x4 maps taken as rows 0.94-0.99 of the time from cold caches, 0.99-1.00 hot, and rows of
-    128 values 0.98: not taken. Two rows n, n + 1 in one dx loop, their terms added in pairs, one load and
-    store of tw[i] and tb[i] for both, each row's sums taken first: in the cache 0.91-0.95 of the time, but
-    from cold caches float32 rows of 1024 and 128 values, not streamed, 1.12-1.30 on one thread and 0.98-1.16
-    on two: not taken.)"""
+    What the terms cost, on the AMD Zen 4 VM: the float32 LayerNorm backward of (8192, 1024) took 4.3-4.6 ms from
+    cold caches on 2 threads, 2.7-2.9 without dweight/dbias, about the time of a triad over the same bytes
+    (2.5-2.8). Taken apart by editing this module (one process, interleaved, 2 threads, cold): without the two term
+    updates in this loop 1.0-1.6 ms less (keeping dbias's, 0.1-0.7 less); without ``_fold_terms`` 0.2-0.5 less
+    (TERM_BLOCK_ROWS 16 and 32, a fold half or a quarter as often: 0.94-0.98 and 0.92-0.97 of the time, for a
+    float32 bound 1.5 and 2.5 times as wide); the terms in a loop of their own before the sums pass, as PyTorch's
+    kernel has them: 1.10-1.14 of the time. The two updates cost a third to a quarter as much per value hot, on one
+    thread in the L3. On one row in L1 this loop took 0.15-0.17 ns per value, the dx loop alone 0.08-0.09 (float64
+    0.44 and 0.15): each value stores three results instead of one. On rows of a few values a call also costs about
+    12 ns more than ``_dx_row``'s, whatever the length. (The terms in a loop of their own for rows of up to 512
+    bytes: alone, float32 rows of 16 values 10 ns instead of 17, but the backward of InstanceNorm's 4x4 maps taken
+    as rows 0.94-0.99 of the time from cold caches, 0.99-1.00 hot, and rows of 128 values 0.98: not taken. Two rows
+    n, n + 1 in one dx loop, their terms added in pairs, one load and store of tw[i] and tb[i] for both, each row's
+    sums taken first: in the cache 0.91-0.95 of the time, but from cold caches float32 rows of 1024 and 128 values,
+    not streamed, 1.12-1.30 on one thread and 0.98-1.16 on two: not taken.)"""
     mh, ml, r, proj, mdx = _dx_scalars(xb, mu, r, proj, mdx)
     if fixed:
         for i in range(xb.shape[0]):
@@ -1579,7 +1592,11 @@ def _columns_forward_kernel(
     x2, w1, b1, has_b, eps, centered, valid, has_mask, stats_given, mean1, var1, y2, S, n_chunks, stream
 ):
     """BatchNorm's forward on the (N, C*S) view x2 of runs of S values (weight, bias, mean, var per channel c),
-    with ``has_mask`` over the rows n where valid[n] (S = 1)."""
+    with ``has_mask`` over the rows n where valid[n] (S = 1).
+
+    (A batch bigger than the caches is read twice. The normalize pass in reverse row order, to start on the
+    rows the statistics pass read last, took a prototype of the two passes over float32 (8192, 1024) and
+    (16384, 1024) 1.12-1.17 of the time from cold caches on 2 threads, float64 1.12: not taken.)"""
     N, P = x2.shape
     G = mean1.shape[0]
     per = (N + n_chunks - 1) // n_chunks
