@@ -370,6 +370,34 @@ def test_blocks_in_pairs_and_alone(dtype, centered, eval_stats, reduce_batch, vi
     check_case({**case, "eval_stats": eval_stats, "centered": centered, "need_affine_grads": True})
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("centered", [True, False])
+@pytest.mark.parametrize("non_finite", [False, True])
+def test_long_blocks_take_their_statistics_piece_by_piece(dtype, centered, non_finite):
+    """Paired blocks of more than MOMENTS_MIN_BLOCK_BYTES take their statistics MOMENTS_PIECE values at a time,
+    each piece's M2 about the piece's own mean, merged into the block's (Chan's update). Blocks of four and a
+    half pieces, 130 of them, 3 per forward work item (a pair and one alone, as in the pairs test above); a
+    ramp along each block puts the pieces' means 3-4 of their spreads apart, so that the merge's correction is
+    most of M2; the second group sits 300 away from the first; NaN and inf, in some runs, fall in pieces of
+    their own. The forward as the reference's (mean, var and y to their bounds), and the backward too."""
+    piece, itemsize = numba_cpu.MOMENTS_PIECE, np.dtype(dtype).itemsize
+    L = 4 * piece + piece // 2 + 3
+    assert L * itemsize > numba_cpu.MOMENTS_MIN_BLOCK_BYTES and numba_cpu._moments_piece(L, itemsize) == piece
+    rng = np.random.default_rng(11)
+    view = (65, 2, 1, L)
+    x = np.linspace(-3.0, 3.0, L) * np.sqrt(L) / 10 + rng.standard_normal(view) + np.array([2.0, -300.0])[:, None, None]
+    x = x.astype(dtype)
+    if non_finite:
+        x[0, 0, 0, [5, piece + 7]] = [np.inf, -np.inf]  # one block's first two pieces: its mean NaN
+        x[1, 1, 0, 3 * piece + 1] = np.nan
+        x[2, 0, 0, L - 1] = np.inf  # in the last, partial piece
+    w = rng.standard_normal(view[1:3]).astype(dtype)
+    dy = rng.standard_normal(view).astype(dtype)
+    case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=False, mask=None)
+    check_case({**case, "eval_stats": False, "centered": centered, "need_affine_grads": True})
+
+
 def test_the_backward_items_of_the_pairs_test_hold_pairs_and_blocks_alone():
     """What ``test_blocks_in_pairs_and_alone`` relies on: its K == 1 view's backward items (chunks of
     samples) hold 3 samples, a pair and one alone, or 2."""

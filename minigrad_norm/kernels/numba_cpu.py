@@ -78,7 +78,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
   (``_as_rows``). On Intel CPUs the forward row loop prefetches short
   rows (see ``_rows_ahead``); the forward of other blocks computes their statistics two blocks at
   a time (see ``_forward_groups``; the backward of blocks of one run takes its sums so too,
-  ``_backward_sums_pair``) and, when it streams its output, prefetches the next block into L2 while
+  ``_backward_sums_pair``), blocks too long for L1 a piece at a time, each piece's two passes merged by
+  Chan's update (``_pair_moments``), and, when it streams its output, prefetches the next block into L2 while
   it writes one (``_block_ahead``). The dweight/dbias sums over (n, s) go
   through per-chunk float64 partial buffers ``(n_chunks, G, K)``, summed at the end in
   chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so
@@ -177,6 +178,10 @@ COLUMNS_TILE_BYTES = 256 * 1024
 # statistics of its positions, and the row read) comes to this many bytes or more, near L1d's 32 KiB: see
 # _column_dy_sums.
 COLUMNS_FOUR_ROWS_MIN_BYTES = 28 * 1024
+# The forward's paired blocks of more than this many bytes each, which do not fit in L1 together, take their
+# statistics piece by piece, MOMENTS_PIECE values of each block at a time: see _pair_moments.
+MOMENTS_MIN_BLOCK_BYTES = 16 * 1024
+MOMENTS_PIECE = 1024
 # A streamed output goes through an L1-resident scratch row of at most this many bytes: see _scratch_len.
 STREAM_CHUNK_BYTES = 4096
 # A row's dweight/dbias terms are summed in x's dtype over blocks of this many rows, then in float64: see _fold_terms.
@@ -1024,9 +1029,36 @@ def _block_ahead(x3, n, g, p_next, last, reduce_batch, prefetch):
     return x3[p_next // G, p_next % G] if p_next < last else none
 
 
+@numba.njit(error_model="numpy", inline="always")
+def _pair_moments(xa, xb, centered, piece):
+    """(sum, M2) of each of two runs of equal length, M2 = sum((x - mean)^2), a piece of ``piece`` values of
+    each at a time: the piece's sums (``_sum_pair``), then its M2 about its own means, re-read from L1
+    (``_sum_sq_dev_pair``), merged into the runs' (``_merged_moments``). With piece >= the runs' length, the
+    plain two passes over the runs. (Not centered, the sums are left 0 and M2 = sum(x^2).)
+
+    The two passes over blocks too long for L1 read the block twice from L2; piece by piece, the second
+    pass re-reads each piece from L1 right after the first read it from DRAM, while the prefetcher fetches
+    the next. ``benchmarks/compare_kernels.py --cold --floor`` (2 threads, the AMD Zen 4 VM) took the forward
+    of GroupNorm 32x64x56x56 with 8 groups, blocks of 25088 values, in pieces of 1024 values 0.84-0.87 of the
+    time in float32 (pieces of 256, 512, 2048: 0.95, 0.86, 0.90), 0.88-0.94 in float64 (of 512: 0.98);
+    InstanceNorm's blocks of 3136 values, whose pairs fit in L1 in float32, 0.96-1.01, and GroupNorm's blocks
+    of 1568 values (1024x64x14x14), in two pieces, 1.05: such blocks keep the two passes
+    (MOMENTS_MIN_BLOCK_BYTES)."""
+    sum_a = m2_a = sum_b = m2_b = n = 0.0
+    for j0 in range(0, xa.shape[0], piece):
+        pa, pb = xa[j0 : j0 + piece], xb[j0 : j0 + piece]
+        k = float(pa.shape[0])
+        ta, tb = _sum_pair(pa, pb) if centered else (0.0, 0.0)
+        va, vb = _sum_sq_dev_pair(pa, ta / k, pb, tb / k)
+        sum_a, m2_a = _merged_moments(sum_a, m2_a, n, ta, va, k)
+        sum_b, m2_b = _merged_moments(sum_b, m2_b, n, tb, vb, k)
+        n += k
+    return sum_a, m2_a, sum_b, m2_b
+
+
 @_item
 def _forward_groups(
-    x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S,
+    x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S, piece,
     first, last, scratch, stream,
 ):  # fmt: skip
     """Forward of the groups q = first..last-1: channels (reduce_batch) or (n, g) blocks in order.
@@ -1038,7 +1070,8 @@ def _forward_groups(
     2 threads, two runs) took float32 InstanceNorm 0.94-0.95 of the time, GroupNorm 0.84-0.92; hot
     0.96-0.98 and 0.95-0.97; float64 0.97-0.99 cold, 0.92-0.96 hot. (The statistics of all an item's
     blocks first, one stream, then all the normalizations, took 1.01-1.09: the gain is the second
-    stream.)"""
+    stream.) A pair of blocks longer than L1 holds goes ``piece`` values at a time (``_pair_moments``); a block
+    alone, the last of an odd item, takes the two passes whole (``_group_stats``)."""
     x3, w2, b2, y3, scratch = _borrowed(x3), _borrowed(w2), _borrowed(b2), _borrowed(y3), _borrowed(scratch)
     mask2 = _borrowed(mask2)
     N, G, L = x3.shape
@@ -1051,9 +1084,8 @@ def _forward_groups(
         step = 2 if paired else 1
         if paired:
             xa, xb = x3[q // G, q % G], x3[(q + 1) // G, (q + 1) % G]
-            sum_a, sum_b = _sum_pair(xa, xb) if centered else (0.0, 0.0)
+            sum_a, va, sum_b, vb = _pair_moments(xa, xb, centered, piece)
             mu_a, mu_b = sum_a / L, sum_b / L
-            va, vb = _sum_sq_dev_pair(xa, mu_a, xb, mu_b)
             mean2[q // G, q % G], var2[q // G, q % G] = mu_a, va / L
             mean2[(q + 1) // G, (q + 1) % G], var2[(q + 1) // G, (q + 1) % G] = mu_b, vb / L
         for p in range(q, q + 2 if paired else q + 1):
@@ -1705,8 +1737,9 @@ def _forward_rows_kernel(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, stre
 
 
 def _forward_groups_kernel(
-    x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S, stream
-):
+    x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S, piece,
+    stream,
+):  # fmt: skip
     N, G, L = x3.shape
     # (No ``i if reduce_batch else ...`` below: prange's index is unsigned, and unified with a signed
     # integer it becomes a float64, which compiled a float64 copy of each item function.)
@@ -1718,7 +1751,7 @@ def _forward_groups_kernel(
         scratch = np.empty(_scratch_len(L, S, False, y3.itemsize) if stream else 0, dtype=y3.dtype)
         _forward_groups(
             x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S,
-            first, last, scratch, stream,
+            piece, first, last, scratch, stream,
         )  # fmt: skip
         if stream:
             _store_fence()
@@ -2021,6 +2054,12 @@ def _rows(S: int, has_mask: bool, reduce_batch: bool) -> bool:
     return S == 1 and not has_mask and not reduce_batch
 
 
+def _moments_piece(L: int, itemsize: int) -> int:
+    """How many values of each of a pair of blocks of L values the forward takes its statistics on at a time
+    (``_pair_moments``): MOMENTS_PIECE for blocks of more than MOMENTS_MIN_BLOCK_BYTES, else the whole block."""
+    return MOMENTS_PIECE if L * itemsize > MOMENTS_MIN_BLOCK_BYTES else max(L, 1)
+
+
 def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int:
     """How many row chunks the backward and its dweight/dbias partial sums use: a function of the shape only
     (never of the thread count), enough items to balance the threads, and few enough that
@@ -2095,7 +2134,7 @@ def norm_forward(
         mean_k, var_k = (np.repeat(mean2, N, axis=0), np.repeat(var2, N, axis=0)) if by_blocks else (mean2, var2)
         _kernel("groups forward", x.size)(
             x3, w2, b2, bias is not None, float(eps), centered, reduce_batch and not by_blocks, _mask2(mask, N),
-            mask is not None, stats is not None, mean_k, var_k, y3, K, S, stream,
+            mask is not None, stats is not None, mean_k, var_k, y3, K, S, _moments_piece(K * S, x.itemsize), stream,
         )  # fmt: skip
     return _finish(y, out), mean2.reshape(stat_shape), var2.reshape(stat_shape)
 
