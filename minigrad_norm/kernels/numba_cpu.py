@@ -435,8 +435,8 @@ def _sum(v):
 def _sum_sq_dev(v, mu):
     """sum((v - mu)^2), in float64.
 
-    In float32 for float32 data, the deviations ((v - mu_hi) - mu_lo, ``_split``) squared and summed over
-    pieces of P values, the pieces' sums in float64, it took the float32 forward from cold caches on 2 threads
+    Summed in float32 for float32 data (the deviations (v - mu_hi) - mu_lo, ``_split``, squared and summed over
+    pieces of P values, the pieces' sums in float64), it took the float32 forward from cold caches on 2 threads
     (``benchmarks/compare_kernels.py --cold --floor``, the AMD Zen 4 VM), with P = 128, 0.92 of the time on
     InstanceNorm 32x64x56x56, 0.94 on GroupNorm, 0.93-0.97 on BatchNorm, 0.96 on LayerNorm 4096x768, 1.03 on
     rows of 128 values; with P = 32, 0.97 and 1.18. Not taken: a reassociated float32 sum of P positive terms
@@ -1039,7 +1039,7 @@ def _pair_moments(xa, xb, centered, piece):
     The two passes over blocks too long for L1 read the block twice from L2; piece by piece, the second
     pass re-reads each piece from L1 right after the first read it from DRAM, while the prefetcher fetches
     the next. ``benchmarks/compare_kernels.py --cold --floor`` (2 threads, the AMD Zen 4 VM) took the forward
-    of GroupNorm 32x64x56x56 with 8 groups, blocks of 25088 values, in pieces of 1024 values 0.84-0.87 of the
+    of GroupNorm 32x64x56x56 with 8 groups, blocks of 25088 values, in pieces of 1024 values 0.84-0.90 of the
     time in float32 (pieces of 256, 512, 2048: 0.95, 0.86, 0.90), 0.88-0.94 in float64 (of 512: 0.98);
     InstanceNorm's blocks of 3136 values, whose pairs fit in L1 in float32, 0.96-1.01, and GroupNorm's blocks
     of 1568 values (1024x64x14x14), in two pieces, 1.05: such blocks keep the two passes
