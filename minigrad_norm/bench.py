@@ -734,6 +734,22 @@ def _two_pass_note(fb: list[Row], fwd: list[Row]) -> list[str]:
     ]
 
 
+def _name(row: Row) -> str:
+    return f"{row.norm} {'x'.join(map(str, row.shape))} {row.dtype}"
+
+
+def _below(rows: list[Row], stream: str, target: float) -> str:
+    """The rows whose numba out= rate is below ``target`` % of the STREAM kernel ``stream`` timed with them, each
+    with that percentage and, beside it, the plain kernels' (``_plain_percent``): the second does not move with the
+    machine's memory between rounds as the first can."""
+    below = []
+    for r in rows:
+        percent = _percent(r, "numba out=", stream)
+        if percent is not None and percent < target:
+            below.append(f"{_name(r)} {percent:.0f}% ({_f(_plain_percent(r), '.0f')}% of plain x)")
+    return ", ".join(below) or "none"
+
+
 def target_summary(report: Report) -> list[str]:
     """The issue's targets, read off this run. DRAM-sized: x alone is at least ``DRAM_SIZED_BYTES`` (x, y,
     dy and dx together 64 MiB or more: twice the 32 MiB L3 of a typical server core complex). Not the
@@ -752,7 +768,7 @@ def target_summary(report: Report) -> list[str]:
     memcpy_keys = sorted((k for k in report.stream if k.startswith("memcpy ")), key=lambda k: int(k[7:-1]))
     memcpy = report.stream[memcpy_keys[-1]] if memcpy_keys else None
     below_2x = [
-        f"{r.norm} {'x'.join(map(str, r.shape))} {r.dtype} {200 * r.gbps('torch') / r.stream['triad']:.0f}%"
+        f"{_name(r)} {200 * r.gbps('torch') / r.stream['triad']:.0f}%"
         + (f" ({200 * r.gbps('torch') / memcpy:.0f}% of memcpy)" if memcpy else "")
         for r in fb
         if "torch" in r.ms and r.ms["torch"] < 2 * r.ms["numba"]
@@ -761,6 +777,7 @@ def target_summary(report: Report) -> list[str]:
         f"fwd+bwd at DRAM sizes, numba out=, % of triad (copy): "
         f"{span([_percent(r, 'numba out=', 'triad') for r in fb], '%')} "
         f"({span([_percent(r, 'numba out=', 'copy') for r in fb], '%')}); target >= 70%",
+        f"  (below 70% of triad: {_below(fb, 'triad', 70)})",
         f"  (the same rows in GB/s: numba out= {span([r.gbps('numba out=') for r in fb], '')}, "
         f"STREAM triad in their rounds {span([r.stream['triad'] for r in fb], '')}: the fraction moves with "
         "the machine's memory, the kernels' rate much less)",
@@ -771,6 +788,7 @@ def target_summary(report: Report) -> list[str]:
         f"{span([_ratio(r.ms.get('torch 1t'), r.ms.get('numba 1t')) for r in fb], 'x')})",
         f"fwd at DRAM sizes, numba out=, % of copy: {span([_percent(r, 'numba out=', 'copy') for r in fwd], '%')}; "
         "target >= 80%",
+        f"  (below 80% of copy: {_below(fwd, 'copy', 80)})",
         f"  (against plain kernels moving the same bytes in the same rounds, copy x for fwd, copy x and "
         f"triad x for fwd+bwd: fwd {span([_plain_percent(r) for r in fwd], '%')}, "
         f"fwd+bwd {span([_plain_percent(r) for r in fb], '%')})",

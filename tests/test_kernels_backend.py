@@ -450,6 +450,37 @@ def test_bench_summary_gives_the_rates_behind_the_fractions():
     assert any("numba out= 40.0 .. 45.0" in t and "STREAM triad in their rounds 50.0 .. 90.0" in t for t in lines)
 
 
+def test_bench_summary_names_the_rows_below_each_bandwidth_target():
+    """The summary lists each DRAM-sized row below 70% of the triad (fwd+bwd) or 80% of the copy (fwd), with
+    its percentage and the plain kernels' time over its own; rows on target, and rows in cache, are not listed."""
+    x_bytes = 32 * 2**20
+    stream = {"copy": 20.0, "triad": 40.0}
+
+    def row(n: int, direction: str, kernel_gbps: float, x: int = x_bytes) -> bench.Row:
+        nbytes = x * bench.BYTES_PER_X[direction]
+        ms = {"numba out=": nbytes / (kernel_gbps * 1e9) * 1e3}
+        ms.update({impl: 0.5 for impl in bench.PLAIN[direction]})  # the plain kernels' times, summed
+        return bench.Row("layer_norm", (n, n), "float32", direction, nbytes, ms, stream)
+
+    rows = [
+        row(1, "fwd+bwd", 24.0),  # 60% of the triad
+        row(2, "fwd+bwd", 30.0),  # 75%: on target
+        row(3, "fwd", 15.0),  # 75% of the copy
+        row(4, "fwd", 17.0),  # 85%: on target
+        row(5, "fwd+bwd", 4.0, x=2**20),  # in cache: not a DRAM-sized row
+    ]
+    lines = bench.target_summary(bench.Report({}, {}, rows, [], {}, False))
+    fb = next(t for t in lines if t.startswith("  (below 70% of triad"))
+    fwd = next(t for t in lines if t.startswith("  (below 80% of copy"))
+    plain_fb, plain_fwd = (100 * 1.0 / rows[0].ms["numba out="], 100 * 0.5 / rows[2].ms["numba out="])
+    assert f"layer_norm 1x1 float32 60% ({plain_fb:.0f}% of plain x)" in fb
+    assert "2x2" not in fb and "5x5" not in fb and "3x3" not in fb
+    assert f"layer_norm 3x3 float32 75% ({plain_fwd:.0f}% of plain x)" in fwd
+    assert "4x4" not in fwd and "1x1" not in fwd
+    on_target = bench.target_summary(bench.Report({}, {}, [rows[1], rows[3]], [], {}, False))
+    assert "  (below 70% of triad: none)" in on_target and "  (below 80% of copy: none)" in on_target
+
+
 def test_bench_summary_gives_the_fractions_without_the_norms_that_read_x_twice():
     """BatchNorm1d's training statistics need the whole batch before its first output, so at DRAM sizes it reads
     x twice: the summary says so, and gives the fractions of the other norms on their own."""
