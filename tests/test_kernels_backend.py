@@ -132,6 +132,61 @@ def test_second_process_loads_from_the_cache(tmp_path):
     assert second == ["1", "0"]
 
 
+def test_the_settings_tests_change_at_run_time_are_read_by_no_jitted_code():
+    """numba freezes into a kernel the value of each global its jitted code reads, when it compiles, and caches it
+    so. A global the tests change at run time (``setattr(numba_cpu, ...)``, found here in the tests' sources) must be
+    read by the Python functions only: else a kernel compiled during such a test keeps the test's value, in the
+    process and in numba's cache, and one compiled after the change links item functions compiled before it,
+    with the old value."""
+    import re
+    import types
+    from pathlib import Path
+
+    from numba.core.dispatcher import Dispatcher
+
+    from minigrad_norm.kernels import numba_cpu
+
+    def names(code: types.CodeType) -> set[str]:
+        found = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                found |= names(const)
+        return found
+
+    sources = "".join(path.read_text() for path in Path(__file__).parent.glob("test_*.py"))
+    changed = set(re.findall(r'setattr\(numba_cpu, "(\w+)"', sources))
+    assert {"PARALLEL_MIN_ELEMENTS", "STREAMING_STORE_MIN_BYTES", "STREAMING_STORE_MIN_BLOCK_BYTES"} <= changed
+    jitted = [v.py_func for v in vars(numba_cpu).values() if isinstance(v, Dispatcher)]
+    jitted += [kernel.py_func for pair in numba_cpu._KERNELS.values() for kernel in pair]
+    read = set().union(*(names(f.__code__) for f in jitted))
+    assert {"TERM_BLOCK_ROWS", "STREAM_CHUNK_BYTES"} <= read  # (the walk does reach the jitted code)
+    assert changed & read == set()
+
+
+def test_a_kernel_compiled_after_a_setting_changed_writes_its_whole_output(tmp_path):
+    """The case behind the test above: the parallel kernel of a forward with given statistics compiled with the
+    settings as shipped, then the serial one with streaming forced for every block, as the streaming tests force
+    it. When the serial kernel's scratch row was sized by the changed threshold and its item function's pieces cut
+    by the old one, the last value of a streamed row of 1025 was never written (and the kernel went to numba's cache
+    so). The output is whole, and the reference's."""
+    code = """
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu, reference
+        x = np.random.default_rng(0).standard_normal((1, 1, 1025, 1)).astype(np.float32)
+        w = np.linspace(-2, 2, 1025, dtype=np.float32).reshape(1, 1025)
+        stats = (np.full((1, 1), 0.25), np.full((1, 1), 2.0))
+        numba_cpu.PARALLEL_MIN_ELEMENTS = 0
+        numba_cpu.norm_forward(x, w, None, 1e-5, stats=stats)
+        numba_cpu.PARALLEL_MIN_ELEMENTS = 2**62
+        numba_cpu.STREAMING_STORE_MIN_BYTES = numba_cpu.STREAMING_STORE_MIN_BLOCK_BYTES = 0
+        out = np.full(x.shape, np.nan, np.float32)
+        y = numba_cpu.norm_forward(x, w, None, 1e-5, stats=stats, out=out)[0]
+        want = reference.norm_forward(x, w, None, 1e-5, stats=stats)[0]
+        print(int(np.isnan(y).sum()), bool(np.allclose(y, want, rtol=1e-6, atol=1e-6)))
+    """
+    assert run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split() == ["0", "True"]
+
+
 def test_a_layer_norm_compiles_the_row_kernels_only(tmp_path):
     """Rows and other blocks have kernels of their own, so that a LayerNorm's first call compiles no item function
     of the blocks (they were more than half of its compile time)."""

@@ -147,6 +147,14 @@ from minigrad_norm.kernels import reference
 from minigrad_norm.kernels.buffers import POOL
 from minigrad_norm.kernels.machine import cpu_identity, l3_bytes, usable_cpus
 
+# Two kinds of constant. numba freezes the value of a global that jitted code reads into the machine code when it
+# compiles, and into its cache on disk: changed at run time, such a constant changes nothing already compiled, and
+# a kernel compiled after the change links item functions compiled before it, with the old value (a scratch row
+# sized by one value, filled by a loop cut by the other, left an output value unwritten). Those are changed in
+# the source only. The others are read by the Python functions at each call: PARALLEL_MIN_ELEMENTS (which
+# compile) and the STREAMING_STORE_* thresholds (whether to stream), which tests change at run time, and no
+# jitted code reads (tests/test_kernels_backend.py checks).
+#
 # Below this many elements the serial compile runs: the parallel launch costs more than it saves.
 # With OMP_WAIT_POLICY=PASSIVE (see minigrad_norm.backend) waking the pool costs ~35 us per parallel
 # region on the 2-core machine; a float32 LayerNorm fwd+bwd (D = 1024, L2-resident) breaks even on
@@ -159,6 +167,9 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 STREAMING_STORE_MIN_BYTES = min(24 * 2**20, l3_bytes() // 4)
 STREAMING_STORE_MIN_BLOCK_BYTES = 2048
 STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES = 512
+# A streamed block whose runs are at least this many bytes goes out run by run: see _streams_by_runs. (The value
+# of STREAMING_STORE_MIN_BLOCK_BYTES, which the Python side reads: a run that long streams on its own.)
+STREAMED_RUN_MIN_BYTES = 2048
 # The forward row loop (LayerNorm, RMSNorm) prefetches rows of at most this many bytes, this far ahead, on Intel
 # CPUs only (on AMD's it measured slower): see _rows_ahead.
 PREFETCH_MAX_ROW_BYTES = 2048 if cpu_identity().get("vendor") == "GenuineIntel" else 0
@@ -671,8 +682,8 @@ def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
 def _streams_by_runs(S, itemsize):
     """Whether a streamed (n, g) block of K runs of S values goes out run by run, each in pieces of at most
     the scratch row (``_scratch_len``), rather than whole through a scratch row of the block's size: when
-    a run is long enough to stream on its own (STREAMING_STORE_MIN_BLOCK_BYTES)."""
-    return S * itemsize >= STREAMING_STORE_MIN_BLOCK_BYTES
+    a run is long enough to stream on its own (STREAMED_RUN_MIN_BYTES)."""
+    return S * itemsize >= STREAMED_RUN_MIN_BYTES
 
 
 @numba.njit(inline="always")
