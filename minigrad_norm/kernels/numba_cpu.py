@@ -520,7 +520,9 @@ def _row_dx_sums(dy, x, w, mu, r):
     per value in L1, the float32 LayerNorm backward took 0.97-1.01 of the time from cold caches on 2 threads
     (0.92-0.98 on one; the AMD Zen 4 VM). Two rows' sums in one loop (four read streams, as the blocks'
     ``_dy_sums_pair``) took it 0.94 on rows of 1024 values but 1.15 on 768, and without dweight/dbias 1.36-1.44
-    (``compare_kernels.py --cold``, 2 threads): not taken."""
+    (``compare_kernels.py --cold``, 2 threads): not taken. Nor a float64 copy of the weight, made once per work
+    item, in place of w here (one conversion fewer per value, the same bits): float32 rows of 1024 values 1.02 of
+    the time on one thread and 1.06 on two, of 128 values 0.95 (cold)."""
     a = 0.0
     b = 0.0
     for i in range(dy.shape[0]):
@@ -826,13 +828,20 @@ def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, tw, tb):
     float32 bound 1.5 and 2.5 times as wide); the terms in a loop of their own before the sums pass, as PyTorch's
     kernel has them: 1.10-1.14 of the time. The two updates cost a third to a quarter as much per value hot, on one
     thread in the L3. On one row in L1 this loop took 0.15-0.17 ns per value, the dx loop alone 0.08-0.09 (float64
-    0.44 and 0.15): each value stores three results instead of one. On rows of a few values a call also costs about
-    12 ns more than ``_dx_row``'s, whatever the length. (The terms in a loop of their own for rows of up to 512
-    bytes: alone, float32 rows of 16 values 10 ns instead of 17, but the backward of InstanceNorm's 4x4 maps taken
-    as rows 0.94-0.99 of the time from cold caches, 0.99-1.00 hot, and rows of 128 values 0.98: not taken. Two rows
-    n, n + 1 in one dx loop, their terms added in pairs, one load and store of tw[i] and tb[i] for both, each row's
-    sums taken first: in the cache 0.91-0.95 of the time, but from cold caches float32 rows of 1024 and 128 values,
-    not streamed, 1.12-1.30 on one thread and 0.98-1.16 on two: not taken.)"""
+    0.44 and 0.15): each value stores three results instead of one. On one thread from cold caches, timed phase by
+    phase (``llvm.readcyclecounter`` around each call, in a row loop built of these functions; a prototype script),
+    a float32 row of 1024 values took 1450-1550 cycles in its sums pass (about 1050 with the rows in the L3), this
+    loop 710-1050 (320-340 without the two updates), the stream copy of dx 180-250 and its share of the fold
+    160-230: the updates cost 0.4-0.7 cycles per value there, against about 0.2 on a row in L1. On rows of a few
+    values a call also costs about 12 ns more than ``_dx_row``'s, whatever the length. (The terms in a loop of their
+    own for rows of up to 512 bytes: alone, float32 rows of 16 values 10 ns instead of 17, but the backward of
+    InstanceNorm's 4x4 maps taken as rows 0.94-0.99 of the time from cold caches, 0.99-1.00 hot, and rows of 128
+    values 0.98: not taken. Two rows n, n + 1 in one dx loop, their terms added in pairs, one load and store of
+    tw[i] and tb[i] for both, each row's sums taken first: in the cache 0.91-0.95 of the time, but from cold caches
+    float32 rows of 1024 and 128 values, not streamed, 1.12-1.30 on one thread and 0.98-1.16 on two; streamed,
+    through two scratch rows, against this loop streamed, ``compare_kernels.py --cold --floor`` took float32 rows of
+    128, 1024, 4096 and 768 values 0.92, 0.97, 1.00 and 1.05 of the time on two threads, 0.88, 0.94 and (768) 1.06
+    on one, float64 rows 1.00-1.03, where the twin read 0.99-1.01: not taken.)"""
     mh, ml, r, proj, mdx = _dx_scalars(xb, mu, r, proj, mdx)
     if fixed:
         for i in range(xb.shape[0]):
