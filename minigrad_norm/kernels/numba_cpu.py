@@ -840,8 +840,9 @@ def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, tw, tb):
     tw[i] and tb[i] for both, each row's sums taken first: in the cache 0.91-0.95 of the time, but from cold caches
     float32 rows of 1024 and 128 values, not streamed, 1.12-1.30 on one thread and 0.98-1.16 on two; streamed,
     through two scratch rows, against this loop streamed, ``compare_kernels.py --cold --floor`` took float32 rows of
-    128, 1024, 4096 and 768 values 0.92, 0.97, 1.00 and 1.05 of the time on two threads, 0.88, 0.94 and (768) 1.06
-    on one, float64 rows 1.00-1.03, where the twin read 0.99-1.01: not taken.)"""
+    128, 256, 512, 768, 1024 and 4096 values 0.90-0.92, 0.97, 1.13, 1.05-1.10, 0.96-0.97 and 1.00 of the time on two
+    threads (128, 768 and 1024 on one: 0.88, 1.06, 0.94), float64 rows 1.00-1.03, where the twin read 0.99-1.01:
+    not taken.)"""
     mh, ml, r, proj, mdx = _dx_scalars(xb, mu, r, proj, mdx)
     if fixed:
         for i in range(xb.shape[0]):
