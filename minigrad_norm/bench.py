@@ -745,7 +745,7 @@ def _below(rows: list[Row], stream: str, target: float) -> str:
     below = []
     for r in rows:
         percent = _percent(r, "numba out=", stream)
-        if percent is not None and percent < target:
+        if percent is not None and round(percent) < target:  # (as printed: 69.6% reads 70%, on target)
             below.append(f"{_name(r)} {percent:.0f}% ({_f(_plain_percent(r), '.0f')}% of plain x)")
     return ", ".join(below) or "none"
 
