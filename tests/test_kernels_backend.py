@@ -187,6 +187,60 @@ def test_a_kernel_compiled_after_a_setting_changed_writes_its_whole_output(tmp_p
     assert run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split() == ["0", "True"]
 
 
+def test_a_process_forked_after_a_parallel_kernel_runs_the_kernels_to_the_same_bits():
+    """GNU OpenMP (numba's "omp" threading layer here) terminates a process fork()ed after a parallel launch at the
+    child's own first one. Such a child runs the serial kernels: it finishes, with the parent's bits."""
+    code = """
+        import multiprocessing
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu
+        x = np.random.default_rng(0).standard_normal((512, 1, 512, 1)).astype(np.float32)  # 2**18: parallel
+        want = numba_cpu.norm_forward(x, None, None, 1e-5)[0].copy()
+
+        def child(queue):
+            queue.put(bool(np.array_equal(numba_cpu.norm_forward(x, None, None, 1e-5)[0], want)))
+
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        process = ctx.Process(target=child, args=(queue,))
+        process.start()
+        process.join(120)
+        print(process.exitcode, queue.get(timeout=5) if process.exitcode == 0 else None)
+    """
+    assert run_python(code).stdout.split() == ["0", "True"]
+
+
+@pytest.mark.parametrize("layer", ["workqueue", "default"])
+def test_threads_launch_parallel_kernels_at_once_on_any_threading_layer(layer):
+    """numba's own "workqueue" threading layer (its choice where it finds no OpenMP or TBB runtime) aborts the
+    process when two threads launch parallel kernels at once: on it the launches take turns. Three threads, each
+    50 calls, all give the bits of a call alone."""
+    code = """
+        import threading
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu
+        x = np.random.default_rng(0).standard_normal((512, 1, 512, 1)).astype(np.float32)
+        want = numba_cpu.norm_forward(x, None, None, 1e-5)[0].copy()
+        same = []
+
+        def work():
+            for _ in range(50):
+                same.append(bool(np.array_equal(numba_cpu.norm_forward(x, None, None, 1e-5)[0], want)))
+
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        import numba
+        print(numba.threading_layer(), len(same), all(same))
+    """
+    out = run_python(code, NUMBA_THREADING_LAYER=layer).stdout.split()
+    assert out[1:] == ["150", "True"]
+    if layer == "workqueue":
+        assert out[0] == "workqueue"
+
+
 def test_a_layer_norm_compiles_the_row_kernels_only(tmp_path):
     """Rows and other blocks have kernels of their own, so that a LayerNorm's first call compiles no item function
     of the blocks (they were more than half of its compile time)."""

@@ -128,9 +128,11 @@ Design points, each one tested in ``tests/test_kernels.py``:
 from __future__ import annotations
 
 import math
+import os
 import platform
 import subprocess
 import sys
+import threading
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -1877,7 +1879,58 @@ _KERNELS = {
 
 
 def _kernel(name: str, size: int) -> Callable:
-    return _KERNELS[name][size >= PARALLEL_MIN_ELEMENTS]
+    """Kernel ``name``'s serial compile for inputs of fewer than PARALLEL_MIN_ELEMENTS elements, else its parallel
+    one, launched as numba's threading layer allows (``_parallel_launch``)."""
+    serial, parallel = _KERNELS[name]
+    if size < PARALLEL_MIN_ELEMENTS:
+        return serial
+    return _parallel_launch(serial, parallel)
+
+
+# numba runs a parallel kernel on the threading layer it picks at the first launch: OpenMP ("omp"), TBB, or, where it
+# finds neither runtime, its own "workqueue". Two of them end the process where a program may not expect it:
+# * GNU's OpenMP is not fork-safe: a process fork()ed after a parallel launch (multiprocessing's default start on
+#   Linux) is terminated at its own first one ("fork() called from a process already using GNU OpenMP"). Such a
+#   child runs the serial kernels: the same loops, the same bits, on one thread (as PyTorch runs a forked child's
+#   intra-op work).
+# * The workqueue layer aborts the process when two threads launch at once. Its launches, and every launch before
+#   the layer is known, take a lock: a parallel kernel uses every core anyway.
+_launch_lock = threading.Lock()
+_forked_after_gnu_openmp = False
+
+
+def _threading_layer() -> str | None:
+    """numba's threading layer, None before the first parallel launch picks it."""
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return None
+
+
+def _note_fork_in_child() -> None:
+    global _forked_after_gnu_openmp
+    if _threading_layer() == "omp":
+        from numba.np.ufunc import omppool
+
+        _forked_after_gnu_openmp = _forked_after_gnu_openmp or omppool.openmp_vendor == "GNU"
+
+
+os.register_at_fork(after_in_child=_note_fork_in_child)
+
+
+def _parallel_launch(serial: Callable, parallel: Callable) -> Callable:
+    """How a parallel-sized call runs (see above): the serial kernel in a child forked after GNU OpenMP started, the
+    parallel one under the lock on the workqueue layer (or before the first launch), else the parallel one."""
+    if _forked_after_gnu_openmp:
+        return serial
+    if _threading_layer() in (None, "workqueue"):
+
+        def locked(*args: object) -> object:
+            with _launch_lock:
+                return parallel(*args)
+
+        return locked
+    return parallel
 
 
 # ---------------------------------------------------------------------------
