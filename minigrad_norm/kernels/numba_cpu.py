@@ -1891,8 +1891,8 @@ def _kernel(name: str, size: int) -> Callable:
 # finds neither runtime, its own "workqueue". Two of them end the process where a program may not expect it:
 # * GNU's OpenMP is not fork-safe: a process fork()ed after a parallel launch (multiprocessing's default start on
 #   Linux) is terminated at its own first one ("fork() called from a process already using GNU OpenMP"). Such a
-#   child runs the serial kernels: the same loops, the same bits, on one thread (as PyTorch runs a forked child's
-#   intra-op work).
+#   child runs the serial kernels: the same loops, the same bits, on one thread (PyTorch's DataLoader sets its
+#   worker processes to one thread too, torch.utils.data._utils.worker).
 # * The workqueue layer aborts the process when two threads launch at once. Its launches, and every launch before
 #   the layer is known, take a lock: a parallel kernel uses every core anyway.
 _launch_lock = threading.Lock()
