@@ -217,6 +217,7 @@ def test_threads_launch_parallel_kernels_at_once_on_any_threading_layer(layer):
     50 calls, all give the bits of a call alone."""
     code = """
         import threading
+        import numba
         import numpy as np
         from minigrad_norm.kernels import numba_cpu
         x = np.random.default_rng(0).standard_normal((512, 1, 512, 1)).astype(np.float32)
@@ -232,7 +233,6 @@ def test_threads_launch_parallel_kernels_at_once_on_any_threading_layer(layer):
             t.start()
         for t in threads:
             t.join()
-        import numba
         print(numba.threading_layer(), len(same), all(same))
     """
     out = run_python(code, NUMBA_THREADING_LAYER=layer).stdout.split()
