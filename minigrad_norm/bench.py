@@ -411,7 +411,9 @@ def machine_description() -> dict[str, Any]:
         "l3_bytes": l3_bytes(),
         "streaming_store_min_bytes": numba_cpu.STREAMING_STORE_MIN_BYTES,
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
-        "threading_layer": os.environ.get("NUMBA_THREADING_LAYER", numba.config.THREADING_LAYER),
+        # the layer the run's parallel kernels ran on (the one asked for, if none ran)
+        "threading_layer": numba_cpu.threading_layer()
+        or os.environ.get("NUMBA_THREADING_LAYER", numba.config.THREADING_LAYER),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
         "python": platform.python_version(),
         "numpy": np.__version__,

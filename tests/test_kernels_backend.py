@@ -696,6 +696,23 @@ def test_the_report_names_the_cpu_llvm_compiles_for():
     assert described["caches"] == machine.cache_sizes()
 
 
+def test_the_report_names_the_threading_layer_the_kernels_ran_on():
+    """numba picks its threading layer at the first parallel launch, and the layer (and OpenMP's vendor) sets how
+    the parallel kernels scale: the report gives the one they ran on, the one asked for before any ran."""
+    code = """
+        import numba
+        import numpy as np
+        from minigrad_norm import bench
+        from minigrad_norm.kernels import numba_cpu
+        before = bench.machine_description()["threading_layer"]
+        numba_cpu.norm_forward(np.ones((512, 1, 512, 1)), None, None, 1e-5)  # 2**18 elements: parallel
+        print(before, numba.threading_layer(), bench.machine_description()["threading_layer"])
+    """
+    before, layer, after = run_python(code, NUMBA_THREADING_LAYER="default").stdout.split(maxsplit=2)
+    assert before == "default"
+    assert after.split()[0] == layer and (layer != "omp" or after.strip() in ("omp (GNU)", "omp (Intel)"))
+
+
 @pytest.mark.parametrize("l3_mib", [8, 64])
 def test_bench_eviction_reads_twice_the_l3(monkeypatch, l3_mib):
     monkeypatch.setattr(bench, "l3_bytes", lambda: l3_mib * 2**20)

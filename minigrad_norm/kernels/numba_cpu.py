@@ -1899,20 +1899,23 @@ _launch_lock = threading.Lock()
 _forked_after_gnu_openmp = False
 
 
-def _threading_layer() -> str | None:
-    """numba's threading layer, None before the first parallel launch picks it."""
+def threading_layer() -> str | None:
+    """The threading layer numba's parallel kernels run on: "tbb", "workqueue", or "omp" with its vendor ("omp
+    (GNU)", "omp (Intel)"); None before the first parallel launch picks it."""
     try:
-        return numba.threading_layer()
+        layer = numba.threading_layer()
     except ValueError:
         return None
+    if layer == "omp":
+        from numba.np.ufunc import omppool
+
+        layer = f"omp ({omppool.openmp_vendor})"
+    return layer
 
 
 def _note_fork_in_child() -> None:
     global _forked_after_gnu_openmp
-    if _threading_layer() == "omp":
-        from numba.np.ufunc import omppool
-
-        _forked_after_gnu_openmp = _forked_after_gnu_openmp or omppool.openmp_vendor == "GNU"
+    _forked_after_gnu_openmp = _forked_after_gnu_openmp or threading_layer() == "omp (GNU)"
 
 
 os.register_at_fork(after_in_child=_note_fork_in_child)
@@ -1923,7 +1926,7 @@ def _parallel_launch(serial: Callable, parallel: Callable) -> Callable:
     parallel one under the lock on the workqueue layer (or before the first launch), else the parallel one."""
     if _forked_after_gnu_openmp:
         return serial
-    if _threading_layer() in (None, "workqueue"):
+    if threading_layer() in (None, "workqueue"):
 
         def locked(*args: object) -> object:
             with _launch_lock:
