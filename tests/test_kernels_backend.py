@@ -210,6 +210,45 @@ def test_a_process_forked_after_a_parallel_kernel_runs_the_kernels_to_the_same_b
     assert run_python(code).stdout.split() == ["0", "True"]
 
 
+def test_a_process_forked_while_a_thread_launches_a_kernel_does_not_wait_on_its_lock():
+    """On the workqueue layer parallel launches hold a lock. A process fork()ed while another thread holds it gets
+    a copy of the lock, held, and no thread to release it: its own first launch would wait forever. Five children
+    forked while a thread launches kernels in a loop each finish, with the bits of a call alone."""
+    code = """
+        import multiprocessing
+        import threading
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu
+        x = np.random.default_rng(0).standard_normal((512, 1, 512, 1)).astype(np.float32)
+        want = numba_cpu.norm_forward(x, None, None, 1e-5)[0].copy()
+        stop = threading.Event()
+
+        def launch():
+            while not stop.is_set():
+                numba_cpu.norm_forward(x, None, None, 1e-5)
+
+        def child(queue):
+            queue.put(bool(np.array_equal(numba_cpu.norm_forward(x, None, None, 1e-5)[0], want)))
+
+        thread = threading.Thread(target=launch)
+        thread.start()
+        ctx = multiprocessing.get_context("fork")
+        results = []
+        for _ in range(5):
+            queue = ctx.Queue()
+            process = ctx.Process(target=child, args=(queue,))
+            process.start()
+            process.join(30)
+            results.append(process.exitcode == 0 and queue.get(timeout=5))
+            if process.exitcode is None:
+                process.kill()
+        stop.set()
+        thread.join()
+        print(results)
+    """
+    assert run_python(code, NUMBA_THREADING_LAYER="workqueue").stdout.strip() == str([True] * 5)
+
+
 @pytest.mark.parametrize("layer", ["workqueue", "default"])
 def test_threads_launch_parallel_kernels_at_once_on_any_threading_layer(layer):
     """numba's own "workqueue" threading layer (its choice where it finds no OpenMP or TBB runtime) aborts the

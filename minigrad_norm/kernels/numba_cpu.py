@@ -1913,12 +1913,15 @@ def threading_layer() -> str | None:
     return layer
 
 
-def _note_fork_in_child() -> None:
-    global _forked_after_gnu_openmp
+def _after_fork_in_child() -> None:
+    """In a fork()ed child: no parallel launch after GNU OpenMP's, and a lock of its own (the parent's may have
+    been held by another thread, which the child does not have)."""
+    global _forked_after_gnu_openmp, _launch_lock
     _forked_after_gnu_openmp = _forked_after_gnu_openmp or threading_layer() == "omp (GNU)"
+    _launch_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_note_fork_in_child)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _parallel_launch(serial: Callable, parallel: Callable) -> Callable:
