@@ -1921,7 +1921,8 @@ def _after_fork_in_child() -> None:
     _launch_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # (POSIX only: Windows has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _parallel_launch(serial: Callable, parallel: Callable) -> Callable:
