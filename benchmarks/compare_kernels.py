@@ -20,7 +20,11 @@ under which a change shows nothing. On the Intel VM that was 2 %. On the AMD Zen
 hot stood inside that. On the AMD VM of CPU family 26 (2 threads, cold) it was 0.87-1.08 for
 most views and directions, but the backward of 65536x1x128x1 read 1.19-1.34 and its
 backward without affine gradients 0.86-0.90, in four runs out of four (why is not
-known; where each compiled copy's loops lie in memory is one candidate).
+known; where each compiled copy's loops lie in memory is one candidate). On the Zen 4 VM
+the working tree's kernels, loaded from a cache the test suite had written, read 1.17-1.62
+of their twin's time on that view's backward without affine gradients, in two runs; with
+the cache emptied (``find minigrad_norm -name "*.nb[ic]" -delete``) and the kernels
+compiled again, 0.98-1.00. A --floor run is worth repeating after a recompile.
 
 ``--cold`` empties the caches before each timed call (``bench.Stream.evict``), as
 the benchmark times the listed shapes: without it the arrays of these shapes can
