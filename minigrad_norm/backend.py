@@ -46,14 +46,22 @@ _numba_module: ModuleType | None = None
 
 
 def _load_numba() -> ModuleType | None:
-    """The numba kernels, or None (said once) when numba cannot be imported."""
+    """The numba kernels, or None (said once) when numba cannot be imported or its JIT is off
+    (``NUMBA_DISABLE_JIT=1``, numba's switch for debugging jitted code as Python: the kernels' intrinsics, such
+    as their non-temporal stores, have no Python form)."""
     global _numba_module
     if _numba_module is None:
         try:
-            _numba_module = importlib.import_module("minigrad_norm.kernels.numba_cpu")
+            module = importlib.import_module("minigrad_norm.kernels.numba_cpu")
         except ImportError as e:
-            warnings.warn(f"minigrad_norm: numba is unavailable ({e}); using the NumPy backend", stacklevel=3)
-            _numba_module = reference
+            unavailable = f"numba is unavailable ({e})"
+        else:
+            import numba
+
+            unavailable = "numba's JIT is off (NUMBA_DISABLE_JIT)" if numba.config.DISABLE_JIT else None
+        if unavailable:
+            warnings.warn(f"minigrad_norm: {unavailable}; using the NumPy backend", stacklevel=3)
+        _numba_module = reference if unavailable else module
     return None if _numba_module is reference else _numba_module
 
 

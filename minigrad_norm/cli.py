@@ -208,7 +208,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         return 2
     kernels = backend._load_numba()
     if kernels is None:
-        print("compile: numba is unavailable: the NumPy backend has nothing to compile", file=sys.stderr)
+        print("compile: the numba kernels are unavailable: the NumPy backend has nothing to compile", file=sys.stderr)
         return 1
     t = time.perf_counter()
     kernels.compile_every_kernel(args.dtype, progress=not args.no_progress, processes=args.processes)

@@ -116,6 +116,32 @@ def test_without_numba_the_numpy_backend_runs_and_says_so_once():
     assert out.stdout.strip() == "ok"
 
 
+def test_with_numbas_jit_off_the_numpy_backend_runs_and_says_so_once():
+    """NUMBA_DISABLE_JIT=1 runs jitted code as Python, where the kernels' intrinsics do not exist (a call raised
+    NotImplementedError): the package then takes the NumPy backend and says why, once."""
+    out = run_python(
+        """
+        import warnings
+        import numpy as np
+        import minigrad_norm as mg
+        from minigrad_norm.backend import kernels_for
+        from minigrad_norm.kernels import reference
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert mg.get_backend() == "numpy"
+            x = np.arange(12.0).reshape(3, 1, 4, 1)
+            y, mean, var = kernels_for(x).norm_forward(x, None, None, 1e-5)
+            assert kernels_for(x) is reference and mg.get_backend() == "numpy"
+        messages = [str(w.message) for w in caught]
+        assert len(messages) == 1 and "NUMBA_DISABLE_JIT" in messages[0], messages
+        assert np.allclose(mean.ravel(), [1.5, 5.5, 9.5])
+        print("ok")
+        """,
+        NUMBA_DISABLE_JIT="1",
+    )
+    assert out.stdout.strip() == "ok"
+
+
 def test_second_process_loads_from_the_cache(tmp_path):
     """cache=True: a second process with the same cache directory compiles nothing."""
     code = """

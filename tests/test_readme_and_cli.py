@@ -154,7 +154,10 @@ def test_compile_without_numba_says_there_is_nothing_to_compile(monkeypatch, cap
 
     monkeypatch.setattr(backend, "_load_numba", lambda: None)
     assert main(["compile"]) == 1
-    assert capsys.readouterr().err == "compile: numba is unavailable: the NumPy backend has nothing to compile\n"
+    assert (
+        capsys.readouterr().err
+        == "compile: the numba kernels are unavailable: the NumPy backend has nothing to compile\n"
+    )
 
 
 def test_the_kernels_map_names_only_functions_and_constants_that_exist():
