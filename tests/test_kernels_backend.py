@@ -158,6 +158,106 @@ def test_second_process_loads_from_the_cache(tmp_path):
     assert second == ["1", "0"]
 
 
+def test_two_processes_compiling_one_kernel_for_two_dtypes_at_once_leave_both_in_the_cache(tmp_path):
+    """numba saves a compiled signature by reading the kernel's cache index, adding the entry and writing the index
+    back. Here two processes, one compiling the erf kernel for float32 and one for float64 on an empty cache, each
+    hold at that write until the other has reached it too (or 2 s have passed): unlocked, both read the empty index,
+    and one entry is lost (or the index names the other's machine code). Under the kernels' lock the second waits,
+    and a third process loads both signatures from the cache, and computes the reference's values with each."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    compile_one = f"""
+        import os, sys, time
+        import numpy as np
+        from numba.core import caching
+        from minigrad_norm.kernels import numba_cpu
+        save_index = caching.IndexDataCacheFile._save_index
+
+        def save_index_when_both_are_here(self, overloads):
+            open(os.path.join({str(marks)!r}, sys.argv[1]), "w").close()
+            deadline = time.monotonic() + 2
+            while len(os.listdir({str(marks)!r})) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            save_index(self, overloads)
+
+        caching.IndexDataCacheFile._save_index = save_index_when_both_are_here
+        numba_cpu.erf(np.linspace(-3, 3, 64, dtype=sys.argv[1]))
+    """
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    workers = [
+        subprocess.Popen([sys.executable, "-c", textwrap.dedent(compile_one), dtype], env=env, stderr=subprocess.PIPE)
+        for dtype in ("float32", "float64")
+    ]
+    for worker in workers:
+        assert worker.wait(timeout=300) == 0, worker.stderr.read().decode()
+    assert sorted(os.listdir(marks)) == ["float32", "float64"]  # (both did compile and save)
+    load_both = """
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu, reference
+        for dtype in ("float32", "float64"):
+            x = np.linspace(-3, 3, 64, dtype=dtype)
+            print(bool(np.allclose(numba_cpu.erf(x), reference.erf(x))))
+        serial = numba_cpu._KERNELS["erf"][0]
+        print(len(serial.signatures), sum(serial.stats.cache_hits.values()), len(serial.stats.cache_misses))
+    """
+    out = run_python(load_both, NUMBA_CACHE_DIR=str(tmp_path / "cache")).stdout.split()
+    assert out == ["True", "True", "2", "2", "0"]
+
+
+def test_a_process_loading_a_kernel_while_another_saves_it_waits_for_the_whole_entry(tmp_path):
+    """numba writes a cache entry's index before its data file. Here one process, saving the float32 erf kernel,
+    holds between the two writes until another process has tried to load that kernel's data file (or 2 s have
+    passed). Unlocked, the loader finds the new index entry, no data file (or, after a change to the source, an older
+    one of that name), and compiles again; under the kernels' shared lock it waits, then loads the saved kernel."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    save = f"""
+        import os, time
+        import numpy as np
+        from numba.core import caching
+        from minigrad_norm.kernels import numba_cpu
+        save_data = caching.IndexDataCacheFile._save_data
+
+        def save_data_once_the_loader_tried(self, name, data):
+            open(os.path.join({str(marks)!r}, "index written"), "w").close()
+            deadline = time.monotonic() + 2
+            while not os.path.exists(os.path.join({str(marks)!r}, "loader tried")) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            save_data(self, name, data)
+
+        caching.IndexDataCacheFile._save_data = save_data_once_the_loader_tried
+        numba_cpu.erf(np.linspace(-3, 3, 64, dtype=np.float32))
+    """
+    load = f"""
+        import os, time
+        import numpy as np
+        from numba.core import caching
+        from minigrad_norm.kernels import numba_cpu, reference
+        load_data = caching.IndexDataCacheFile._load_data
+
+        def load_data_and_say_so(self, name):
+            try:
+                return load_data(self, name)
+            finally:
+                open(os.path.join({str(marks)!r}, "loader tried"), "w").close()
+
+        caching.IndexDataCacheFile._load_data = load_data_and_say_so
+        while not os.path.exists(os.path.join({str(marks)!r}, "index written")):
+            time.sleep(0.01)
+        x = np.linspace(-3, 3, 64, dtype=np.float32)
+        print(bool(np.allclose(numba_cpu.erf(x), reference.erf(x))))
+        serial = numba_cpu._KERNELS["erf"][0]
+        print(sum(serial.stats.cache_hits.values()), len(serial.stats.cache_misses))
+    """
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    saver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(save)], env=env, stderr=subprocess.PIPE)
+    try:
+        loaded = run_python(load, NUMBA_CACHE_DIR=str(tmp_path / "cache")).stdout.split()
+    finally:
+        assert saver.wait(timeout=300) == 0, saver.stderr.read().decode()
+    assert loaded == ["True", "1", "0"]
+
+
 def test_the_settings_tests_change_at_run_time_are_read_by_no_jitted_code():
     """numba freezes into a kernel the value of each global its jitted code reads, when it compiles, and caches it
     so. A global the tests change at run time (``setattr(numba_cpu, ...)``, found here in the tests' sources) must be

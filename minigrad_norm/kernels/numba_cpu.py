@@ -114,7 +114,9 @@ Design points, each one tested in ``tests/test_kernels.py``:
   kernel loads from the cache without its callees: a cache of its own saved a callee nothing (a
   GroupNorm's first forward+backward in a process after a LayerNorm's, each in a fresh process, 8.8-9.3 s
   either way), and with only the kernels cached, processes compiling different kernels at once write
-  no cache file in common (``compile_every_kernel``).
+  no cache file in common (``compile_every_kernel``). A kernel's entries are written and read under a
+  lock across processes (``_cache_locked``): numba's index is not safe against two processes adding
+  signatures of one function at once.
 * Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
   place when they are C-contiguous, of x's dtype and overlap no input other than being
   it (``out=x`` is fine: each block is read before it is written), else via one copy.
@@ -144,6 +146,11 @@ from numba import prange
 from numba.core import cgutils
 from numba.core import types as nbtypes
 from numba.extending import intrinsic, overload
+
+try:
+    import fcntl
+except ImportError:  # (Windows: see _cache_locked)
+    fcntl = None
 
 from minigrad_norm.kernels import reference
 from minigrad_norm.kernels.buffers import POOL
@@ -1861,7 +1868,47 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
     name = f"{py_func.__name__}_{'parallel' if parallel else 'serial'}"
     clone = types.FunctionType(py_func.__code__, py_func.__globals__, name, py_func.__defaults__, py_func.__closure__)
     clone.__qualname__ = name
-    return numba.njit(parallel=parallel, cache=True, error_model="numpy")(clone)
+    return _cache_locked(numba.njit(parallel=parallel, cache=True, error_model="numpy")(clone))
+
+
+def _cache_locked(kernel: Callable) -> Callable:
+    """``kernel``, its entries in numba's cache on disk written under an exclusive lock and read under a shared one,
+    held across processes.
+
+    numba saves a compiled signature in steps (``IndexDataCacheFile.save``): it reads the function's cache index,
+    adds the entry with the first data file name the index does not use, writes the index back, then writes the data
+    file. Two processes that compile different signatures of one kernel at once (a float32 and a float64 call in two
+    scripts, two test workers, on a fresh cache) can both read the index before either writes it. Both then take data
+    file 1, the index keeps one of the two entries, and when it is one process's and the data file the other's,
+    every later process loads the one signature's machine code for the other's calls, which fail ("can't unbox
+    array") until the cache is deleted. And a process loading between the two writes can find the index's new entry
+    beside a data file of that name from an older version of this module.
+
+    The lock is a POSIX record lock (``fcntl.lockf``) on a file beside the index: held by the process, so a child
+    forked while another thread holds it does not hold it too. Without ``fcntl`` (Windows) the cache is
+    unlocked, as is numba's own."""
+    cache_file = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
+    if fcntl is None or cache_file is None:  # (no cache: numba's JIT is off, or it found no place to cache)
+        return kernel
+    lock_path = cache_file._index_path + ".lock"
+
+    def locked(method: Callable, mode: int) -> Callable:
+        def call(*args: object, **kwargs: object) -> object:
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError:  # (no cache directory: a load finds nothing, and a save makes the directory first)
+                return method(*args, **kwargs)
+            try:
+                fcntl.lockf(fd, mode)
+                return method(*args, **kwargs)
+            finally:
+                os.close(fd)  # (which releases the lock)
+
+        return call
+
+    cache_file.save = locked(cache_file.save, fcntl.LOCK_EX)
+    cache_file.load = locked(cache_file.load, fcntl.LOCK_SH)
+    return kernel
 
 
 _KERNELS = {
@@ -2342,9 +2389,8 @@ def compile_every_kernel(
     numba compiles one function at a time in a process, so the kernels are shared out among ``processes``
     fresh Python processes at once (by default one per CPU this process may use; 1: in this process), one
     kernel to a process. Each kernel's two compiles are functions of their own, and nothing but the kernels
-    is cached: no two processes write the same cache file. (numba reads a function's cache index, adds an
-    entry and writes it back: two processes adding different signatures of one function at once can give
-    both the same data file, and the index then points one signature at the other's machine code.)
+    is cached: no two processes write the same cache file (and were two to add signatures of one kernel at
+    once, ``_cache_locked`` would keep numba's index whole).
     On the 2-core AMD Zen 4 VM, both dtypes took 46 s in two processes against 83 s in one (the code before
     this, which cached the functions the kernels call too and compiled in one process, 83-85 s;
     ``benchmarks/compile_time.py``, medians of 2 rounds). Compile times quoted elsewhere in this module are of
