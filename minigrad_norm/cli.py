@@ -210,6 +210,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if kernels is None:
         print("compile: the numba kernels are unavailable: the NumPy backend has nothing to compile", file=sys.stderr)
         return 1
+    if kernels.cache_path() is None:
+        print(
+            "compile: numba cannot cache the kernels here (no writable directory for its cache): set NUMBA_CACHE_DIR "
+            "to one",
+            file=sys.stderr,
+        )
+        return 1
     t = time.perf_counter()
     kernels.compile_every_kernel(args.dtype, progress=not args.no_progress, processes=args.processes)
     seconds = time.perf_counter() - t

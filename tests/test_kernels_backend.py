@@ -258,6 +258,46 @@ def test_a_process_loading_a_kernel_while_another_saves_it_waits_for_the_whole_e
     assert loaded == ["True", "1", "0"]
 
 
+def test_without_a_writable_cache_directory_the_kernels_compile_in_the_process_and_say_so_once(tmp_path):
+    """numba caches a kernel in the first of NUMBA_CACHE_DIR, ``__pycache__`` beside the sources and the user's cache
+    directory that it can make and write to. With none (a read-only install, in a container whose user has no
+    writable home), ``cache=True`` raised RuntimeError ("no locator available") at the first use of any kernel.
+    Here a copy of the package whose kernels' ``__pycache__`` is a file, and a user cache directory under a file:
+    the kernels compile without a cache, a warning says so once, the values are the reference's, and
+    ``minigrad-norm compile`` says why it cannot do its job."""
+    import shutil
+    from pathlib import Path
+
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(mg.__file__).parent, copy / "minigrad_norm", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "minigrad_norm" / "kernels" / "__pycache__").touch()
+    (tmp_path / "a file").touch()
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(PYTHONPATH=str(copy), XDG_CACHE_HOME=str(tmp_path / "a file"), PYTHONDONTWRITEBYTECODE="1")
+    code = """
+        import warnings
+        import numpy as np
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from minigrad_norm import backend
+            from minigrad_norm.cli import main
+            from minigrad_norm.kernels import reference
+            kernels = backend.kernels_for(np.ones(2))
+            x = np.random.default_rng(0).standard_normal((4, 1, 8, 1))
+            y = kernels.norm_forward(x, None, None, 1e-5)[0]
+        print(kernels.__name__, kernels.__file__, kernels.cache_path())
+        print(sum("numba cannot cache the kernels on disk" in str(w.message) for w in caught), len(caught))
+        print(bool(np.allclose(y, reference.norm_forward(x, None, None, 1e-5)[0], rtol=1e-12, atol=1e-12)))
+        print(main(["compile"]))
+    """
+    run = [sys.executable, "-c", textwrap.dedent(code)]
+    result = subprocess.run(run, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    kernels_file = str(copy / "minigrad_norm" / "kernels" / "numba_cpu.py")
+    assert result.stdout.split() == ["minigrad_norm.kernels.numba_cpu", kernels_file, "None", "1", "1", "True", "1"]
+    assert "numba cannot cache the kernels here" in result.stderr and "set NUMBA_CACHE_DIR" in result.stderr
+
+
 def test_the_settings_tests_change_at_run_time_are_read_by_no_jitted_code():
     """numba freezes into a kernel the value of each global its jitted code reads, when it compiles, and caches it
     so. A global the tests change at run time (``setattr(numba_cpu, ...)``, found here in the tests' sources) must be
@@ -480,6 +520,19 @@ def test_compile_every_kernel_refuses_what_it_cannot_compile(options, message):
 
     with pytest.raises(ValueError, match=message):
         numba_cpu.compile_every_kernel(**options)
+
+
+def test_where_numba_cannot_cache_compile_every_kernel_compiles_in_this_process(monkeypatch):
+    """A kernel compiled in another process is lost where numba has no cache directory to keep it in: there every
+    kernel is compiled in the calling process, whatever ``processes`` says."""
+    from minigrad_norm.kernels import numba_cpu
+
+    compiled = []
+    monkeypatch.setattr(numba_cpu, "cache_path", lambda: None)
+    monkeypatch.setattr(numba_cpu, "_compile_kernel", lambda name, dtypes: compiled.append((name, tuple(dtypes))))
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: pytest.fail("started a process"))
+    numba_cpu.compile_every_kernel(["float64"], processes=2)
+    assert compiled == [(name, ("float64",)) for name in numba_cpu._KERNELS]
 
 
 def test_kernels_compiled_in_several_processes_load_from_the_cache_and_compute_the_references_values(tmp_path):

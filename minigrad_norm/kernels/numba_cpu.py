@@ -136,6 +136,7 @@ import subprocess
 import sys
 import threading
 import types
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -1868,7 +1869,29 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
     name = f"{py_func.__name__}_{'parallel' if parallel else 'serial'}"
     clone = types.FunctionType(py_func.__code__, py_func.__globals__, name, py_func.__defaults__, py_func.__closure__)
     clone.__qualname__ = name
-    return _cache_locked(numba.njit(parallel=parallel, cache=True, error_model="numpy")(clone))
+    try:
+        return _cache_locked(numba.njit(parallel=parallel, cache=True, error_model="numpy")(clone))
+    except RuntimeError as e:  # ("cannot cache function ...: no locator available")
+        _warn_uncached(e)
+        return numba.njit(parallel=parallel, error_model="numpy")(clone)
+
+
+def _warn_uncached(error: RuntimeError) -> None:
+    """Says once that numba cannot cache the kernels on disk. It caches in the first of ``NUMBA_CACHE_DIR`` (where
+    that is set), ``__pycache__`` beside the sources and the user's cache directory that it can write to; with none
+    (a read-only install, in a container whose user has no writable home) ``cache=True`` raises at the decoration,
+    and the kernels are compiled without it: each process compiles what it calls, once."""
+    global _uncached_warned
+    if not _uncached_warned:
+        _uncached_warned = True
+        warnings.warn(
+            f"minigrad_norm: numba cannot cache the kernels on disk ({error}); each process compiles the ones it "
+            "calls. Set NUMBA_CACHE_DIR to a writable directory to keep them.",
+            stacklevel=2,
+        )
+
+
+_uncached_warned = False
 
 
 def _cache_locked(kernel: Callable) -> Callable:
@@ -2384,7 +2407,8 @@ def compile_every_kernel(
 ) -> None:
     """Compiles every kernel (``_KERNELS``) in its serial and its parallel compile, for each of ``dtypes``,
     into numba's cache, which later processes then load (``minigrad-norm compile``, and what
-    ``bench.startup_seconds(True, every_kernel=True)`` times).
+    ``bench.startup_seconds(True, every_kernel=True)`` times); where numba cannot cache them (``cache_path()`` is
+    None), into this process only.
 
     numba compiles one function at a time in a process, so the kernels are shared out among ``processes``
     fresh Python processes at once (by default one per CPU this process may use; 1: in this process), one
@@ -2406,7 +2430,7 @@ def compile_every_kernel(
     if processes is not None and processes < 1:
         raise ValueError(f"compile_every_kernel: processes must be positive, got {processes}")
     processes = processes or usable_cpus()
-    if processes == 1:
+    if processes == 1 or cache_path() is None:  # (where numba cannot cache, another process's compile is lost)
         for name in tqdm(_KERNELS, desc="compile", unit="kernel", disable=not progress):
             _compile_kernel(name, dtypes)
         return
@@ -2449,7 +2473,8 @@ def _compile_kernel(name: str, dtypes: Sequence[str]) -> None:
                 norm_backward(x, x, mean, 1 / np.sqrt(var + 1e-5), w, reduce_batch=reduce_batch)
 
 
-def cache_path() -> str:
+def cache_path() -> str | None:
     """The directory numba caches the kernels in: ``NUMBA_CACHE_DIR``, else ``__pycache__`` beside this file
-    where that is writable, else a directory of the user's (numba's choice)."""
+    where that is writable, else a directory of the user's (numba's choice); None where none is writable
+    (``_warn_uncached``)."""
     return _KERNELS["erf"][0]._cache.cache_path
