@@ -1308,7 +1308,13 @@ def _backward_groups(
 # a tile find it in the cache and x comes from DRAM once: float32 (8192, 1024) forward 2.0-2.7 times the time from
 # cold caches with T = 64, 128, 256, and 1.8-4.2 hot with T = 16, 64, 256; only a batch that fits in the L3
 # gained, (1024, 1024) 0.57 and 0.67 (T = 256, 64). Each row of a tile lies in a page of its own, 4 KiB after
-# the last: likely a walk that the TLB and the hardware prefetcher follow poorly.)
+# the last: likely a walk that the TLB and the hardware prefetcher follow poorly. With each row's run of the tile
+# prefetched 16 rows ahead into L2 (``_prefetch``; a prototype, 2 threads, cold caches, float32 (8192, 1024), the AMD
+# Zen 4 VM), the forward took 0.97-0.99 of the time with T = 128 and 256, 1.09-1.12 with T = 64 and 512, where
+# without it 2.36: the prefetcher was the cause. But the tiles' statistics pass alone took 2.0-2.5 ms (13-17 GB/s
+# over x's 32 MiB, in runs of 256 bytes to 2 KiB per row), and the normalize pass after it as long as from DRAM
+# (the two passes timed alone added up to the whole): a tile of 4-8 MiB per thread did not stay in this VM's
+# share of the L3. Not taken.)
 
 
 @numba.njit(inline="always")
