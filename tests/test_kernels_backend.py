@@ -258,6 +258,27 @@ def test_a_process_loading_a_kernel_while_another_saves_it_waits_for_the_whole_e
     assert loaded == ["True", "1", "0"]
 
 
+def test_where_the_file_system_refuses_the_cache_lock_the_kernels_are_cached_unlocked(tmp_path):
+    """A file system without POSIX locks (or an NFS mount without its lock daemon) makes ``fcntl.lockf`` raise: the
+    kernels' cache then goes unlocked, as numba's own, rather than failing every compile and load."""
+    code = """
+        import errno
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu, reference
+
+        def refuse(fd, mode):
+            raise OSError(errno.ENOLCK, "No locks available")
+
+        numba_cpu.fcntl.lockf = refuse
+        x = np.linspace(-3, 3, 64)
+        print(bool(np.allclose(numba_cpu.erf(x), reference.erf(x))))
+        serial = numba_cpu._KERNELS["erf"][0]
+        print(sum(serial.stats.cache_hits.values()), len(serial.stats.cache_misses))
+    """
+    assert run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split() == ["True", "0", "1"]  # compiled, saved
+    assert run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split() == ["True", "1", "0"]  # and loaded
+
+
 def test_without_a_writable_cache_directory_the_kernels_compile_in_the_process_and_say_so_once(tmp_path):
     """numba caches a kernel in the first of NUMBA_CACHE_DIR, ``__pycache__`` beside the sources and the user's cache
     directory that it can make and write to. With none (a read-only install, in a container whose user has no

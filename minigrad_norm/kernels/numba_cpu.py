@@ -1920,8 +1920,8 @@ def _cache_locked(kernel: Callable) -> Callable:
     beside a data file of that name from an older version of this module.
 
     The lock is a POSIX record lock (``fcntl.lockf``) on a file beside the index: held by the process, so a child
-    forked while another thread holds it does not hold it too. Without ``fcntl`` (Windows) the cache is
-    unlocked, as is numba's own."""
+    forked while another thread holds it does not hold it too. Without ``fcntl`` (Windows), or where the file system
+    refuses the lock, the cache is read and written unlocked, as numba's own is."""
     cache_file = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
     if fcntl is None or cache_file is None:  # (no cache: numba's JIT is off, or it found no place to cache)
         return kernel
@@ -1934,7 +1934,10 @@ def _cache_locked(kernel: Callable) -> Callable:
             except OSError:  # (no cache directory: a load finds nothing, and a save makes the directory first)
                 return method(*args, **kwargs)
             try:
-                fcntl.lockf(fd, mode)
+                try:
+                    fcntl.lockf(fd, mode)
+                except OSError:  # (a file system without POSIX locks, or NFS without its lock daemon: unlocked)
+                    pass
                 return method(*args, **kwargs)
             finally:
                 os.close(fd)  # (which releases the lock)
