@@ -967,10 +967,12 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S):
 # option for it, and its parfor lowering sets it only on prange bodies in which it finds no aliasing. The promise
 # drops the run-time overlap checks before each vector loop: ``benchmarks/compare_kernels.py`` took, on one thread
 # hot, with a twin of the same code at 0.97-1.01, InstanceNorm's 4x4 maps forward 0.96 of the time, backward 0.90,
-# LayerNorm rows of 128 values 0.96 and 0.91; on two threads cold 0.78-1.00. Not taken: numba puts the flag on each
-# array's reference-counted header too, which the items incref and decref, and arguments that are one array (a
-# weight passed as the bias as well, dy = x) would then break the promise, and LLVM could move one's decref before
-# the other's incref.)
+# LayerNorm rows of 128 values 0.96 and 0.91; on two threads cold 0.78-1.00. Not taken: the promise would hold only
+# as long as no written array shares memory with another argument (``out=x`` would have to go through a copy) and no
+# kernel passes one array, or two views of it, to two arguments of an item: numba puts the flag on each array's
+# reference-counted header too, which the items incref and decref, and LLVM could then move one's decref before the
+# other's incref. (Arrays from Python are safe there: each kernel argument gets a header of its own, even two that
+# are one array.) A rule every later call site must keep, and no test can check, for a tenth of short rows' time.)
 
 _item = numba.njit(error_model="numpy")
 
