@@ -279,6 +279,40 @@ def test_where_the_file_system_refuses_the_cache_lock_the_kernels_are_cached_unl
     assert run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split() == ["True", "1", "0"]  # and loaded
 
 
+def test_a_cache_lock_held_by_a_stopped_process_delays_the_kernels_and_does_not_hang_them(tmp_path):
+    """A process stopped while it holds a kernel's cache lock (in a debugger, by SIGSTOP) must not hang the others:
+    here this process holds the erf kernel's lock, and another, waiting at most 1 s for it at each load and save,
+    compiles and runs the kernel unlocked and says so."""
+    import fcntl
+
+    cache = tmp_path / "cache"
+    code = """
+        import time, warnings
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu, reference
+        numba_cpu.CACHE_LOCK_WAIT_SECONDS = 1.0
+        x = np.linspace(-3, 3, 64)
+        t = time.monotonic()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = numba_cpu.erf(x)
+        print(bool(np.allclose(y, reference.erf(x))), time.monotonic() - t >= 2.0)
+        print(sum("reading or writing numba's cache of the kernels without it" in str(w.message) for w in caught))
+    """
+    where = """
+        from minigrad_norm.kernels import numba_cpu
+        print(numba_cpu._KERNELS["erf"][0]._cache._cache_file._index_path)
+    """
+    index = run_python(where, NUMBA_CACHE_DIR=str(cache)).stdout.strip()  # (the directory is made on import)
+    fd = os.open(index + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        out = run_python(code, NUMBA_CACHE_DIR=str(cache)).stdout.split()
+    finally:
+        os.close(fd)
+    assert out == ["True", "True", "2"]  # (the load, then the save)
+
+
 def test_without_a_writable_cache_directory_the_kernels_compile_in_the_process_and_say_so_once(tmp_path):
     """numba caches a kernel in the first of NUMBA_CACHE_DIR, ``__pycache__`` beside the sources and the user's cache
     directory that it can make and write to. With none (a read-only install, in a container whose user has no

@@ -135,6 +135,7 @@ import platform
 import subprocess
 import sys
 import threading
+import time
 import types
 import warnings
 from collections.abc import Callable, Sequence
@@ -162,9 +163,11 @@ from minigrad_norm.kernels.machine import cpu_identity, l3_bytes, usable_cpus
 # a kernel compiled after the change links item functions compiled before it, with the old value (a scratch row
 # sized by one value, filled by a loop cut by the other, left an output value unwritten). Those are changed in
 # the source only. The others are read by the Python functions at each call: PARALLEL_MIN_ELEMENTS (which
-# compile) and the STREAMING_STORE_* thresholds (whether to stream), which tests change at run time, and no
-# jitted code reads (tests/test_kernels_backend.py checks).
+# compile), the STREAMING_STORE_* thresholds (whether to stream) and CACHE_LOCK_WAIT_SECONDS, which tests change at
+# run time, and no jitted code reads (tests/test_kernels_backend.py checks).
 #
+# How long a kernel's load or save from numba's cache waits for another process's lock (see _take_cache_lock).
+CACHE_LOCK_WAIT_SECONDS = 60.0
 # Below this many elements the serial compile runs: the parallel launch costs more than it saves.
 # With OMP_WAIT_POLICY=PASSIVE (see minigrad_norm.backend) waking the pool costs ~35 us per parallel
 # region on the 2-core machine; a float32 LayerNorm fwd+bwd (D = 1024, L2-resident) breaks even on
@@ -1932,7 +1935,8 @@ def _cache_locked(kernel: Callable) -> Callable:
 
     The lock is a POSIX record lock (``fcntl.lockf``) on a file beside the index: held by the process, so a child
     forked while another thread holds it does not hold it too. Without ``fcntl`` (Windows), or where the file system
-    refuses the lock, the cache is read and written unlocked, as numba's own is."""
+    refuses the lock, the cache is read and written unlocked, as numba's own is; so it is, with a warning, after
+    CACHE_LOCK_WAIT_SECONDS waiting for a process that holds the lock (``_take_cache_lock``)."""
     cache_file = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
     if fcntl is None or cache_file is None:  # (no cache: numba's JIT is off, or it found no place to cache)
         return kernel
@@ -1945,10 +1949,7 @@ def _cache_locked(kernel: Callable) -> Callable:
             except OSError:  # (no cache directory: a load finds nothing, and a save makes the directory first)
                 return method(*args, **kwargs)
             try:
-                try:
-                    fcntl.lockf(fd, mode)
-                except OSError:  # (a file system without POSIX locks, or NFS without its lock daemon: unlocked)
-                    pass
+                _take_cache_lock(fd, mode, lock_path)
                 return method(*args, **kwargs)
             finally:
                 os.close(fd)  # (which releases the lock)
@@ -1958,6 +1959,29 @@ def _cache_locked(kernel: Callable) -> Callable:
     cache_file.save = locked(cache_file.save, fcntl.LOCK_EX)
     cache_file.load = locked(cache_file.load, fcntl.LOCK_SH)
     return kernel
+
+
+def _take_cache_lock(fd: int, mode: int, path: str) -> None:
+    """``fcntl.lockf(fd, mode)``, but not forever: a save or load holds the lock for milliseconds, and a process
+    stopped while it holds it (in a debugger, by SIGSTOP) must not hang every other process that uses the cache.
+    After CACHE_LOCK_WAIT_SECONDS of asking, or where the file system refuses POSIX locks (ENOLCK: NFS without its
+    lock daemon), the caller goes on unlocked, as numba's own cache is."""
+    deadline = time.monotonic() + CACHE_LOCK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.lockf(fd, mode | fcntl.LOCK_NB)
+            return
+        except (BlockingIOError, PermissionError):  # (EAGAIN or EACCES: another process holds it)
+            if time.monotonic() >= deadline:
+                warnings.warn(
+                    f"minigrad_norm: another process has held {path} for {CACHE_LOCK_WAIT_SECONDS} s; reading or "
+                    "writing numba's cache of the kernels without it",
+                    stacklevel=4,
+                )
+                return
+            time.sleep(0.01)
+        except OSError:
+            return
 
 
 _KERNELS = {
