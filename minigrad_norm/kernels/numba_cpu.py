@@ -1980,7 +1980,7 @@ def _take_cache_lock(fd: int, mode: int, path: str) -> None:
                 )
                 return
             time.sleep(0.01)
-        except OSError:
+        except OSError:  # (ENOLCK and the like: no POSIX locks on this file system)
             return
 
 
