@@ -26,8 +26,10 @@ bytes), backward reads x and dy and writes dx (3 |x|), forward+backward 5 |x|
 same way (copy 2 arrays, triad 3 arrays), so "% of copy/triad" compares like
 with like. STREAM streams arrays of twice the L3, from DRAM; so that the kernels
 are held to it on equal terms, every call on a listed shape is timed from cold
-caches (``Stream.evict`` first: x and dy come from DRAM), while the size sweep
-runs hot, to show the caches at work.
+caches (``Stream.evict`` first: x and dy come from DRAM; ``--hot`` times them
+in a loop on the same arrays instead), while the size sweep runs hot, to show
+the caches at work. ``--shape`` times the user's own shapes instead of the listed
+ones, in PyTorch's layout for each norm (``LAYOUTS``).
 
 This VM's memory bandwidth moves with its neighbours' load, by up to 2x within a
 minute (a STREAM copy timed before and after one row read 34 GB/s in one row and
@@ -45,9 +47,13 @@ loads and stores at the same moment and in the same cache state. (For an x under
 DRAM_SIZED_BYTES their output can stay in the L3 through their call, while the
 kernels stream big outputs to memory: there it flatters the plain kernels.)
 The kernels are called at the ndarray level on each norm's 4-D view (see
-``minigrad_norm.kernels.reference``), as the norm layers call them.
+``minigrad_norm.kernels.reference``), as the norm layers call them. Before the
+first row, ``settle_allocator`` puts malloc in the state it keeps for the rest of
+the run, so that the allocating implementations' times do not depend on the rows
+timed before them.
 
     minigrad-norm bench [--quick] [--json PATH] [--markdown PATH] [--plot PATH] [--only NAME ...]
+                        [--shape SHAPE ...] [--groups G] [--dtype DTYPE ...]
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ import math
 import os
 import platform
 import random
+import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -85,6 +93,9 @@ PLAIN_BYTES_PER_X = {"copy x": 2, "triad x": 3}
 # the STREAM kernels timed in every row's rounds, the bandwidth its "% copy" and "% triad" are fractions of
 STREAM_KERNELS = ("copy", "triad")
 DRAM_SIZED_BYTES = 16 * 2**20
+RESULTS_COMMAND = (
+    "minigrad-norm bench --markdown benchmarks/RESULTS.md --json benchmarks/results.json --plot benchmarks/sweep.png"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,15 +118,53 @@ def layer_norm_case(rows: int, d: int, rms: bool = False) -> Case:
     return Case("rms_norm" if rms else "layer_norm", (rows, d), (rows, 1, d, 1), centered=not rms, has_bias=not rms)
 
 
-def batch_norm1d_case(n: int, c: int) -> Case:
-    """BatchNorm1d on (N, C): runs of one value per (n, c) block (the columns kernels)."""
-    return Case("batch_norm1d", (n, c), (n, c, 1, 1), reduce_batch=True)
-
-
-def channel_case(norm: str, shape: tuple[int, int, int, int], groups: int | None = None) -> Case:
-    n, c, h, w = shape
+def channel_case(norm: str, shape: tuple[int, ...], groups: int | None = None) -> Case:
+    """A norm over the channels of an (N, C, *) input: view (N, G, C // G, S), S the product of the trailing
+    dims (1 for BatchNorm1d on (N, C), whose runs of one value take kernels of their own)."""
+    n, c = shape[:2]
     g = groups or c
-    return Case(norm, shape, (n, g, c // g, h * w), reduce_batch=norm == "batch_norm2d")
+    return Case(norm, shape, (n, g, c // g, math.prod(shape[2:])), reduce_batch=norm.startswith("batch_norm"))
+
+
+# the input layouts ``bench --shape`` takes, PyTorch's: norm -> (numbers of dims, as the error message says them)
+LAYOUTS: dict[str, tuple[range, str]] = {
+    "layer_norm": (range(1, 33), "(*, D), normalized over the last dim D"),
+    "rms_norm": (range(1, 33), "(*, D), normalized over the last dim D"),
+    "batch_norm2d": (range(4, 5), "(N, C, H, W)"),
+    "instance_norm2d": (range(4, 5), "(N, C, H, W)"),
+    "group_norm": (range(2, 33), "(N, C, *)"),
+    "batch_norm1d": (range(2, 4), "(N, C) or (N, C, L)"),
+}
+DEFAULT_GROUPS = 8
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"32x64x56x56"`` -> (32, 64, 56, 56): ``bench --shape``'s sizes joined by 'x'."""
+    if not re.fullmatch(r"\d+(x\d+)*", text):
+        raise ValueError(f"--shape {text}: expected sizes joined by 'x', e.g. 8192x1024 or 32x64x56x56")
+    return tuple(int(d) for d in text.split("x"))
+
+
+def shape_case(norm: str, shape: tuple[int, ...], groups: int = DEFAULT_GROUPS) -> Case:
+    """``norm`` on an input of ``shape`` in PyTorch's layout (``LAYOUTS``; GroupNorm with ``groups`` groups), or a
+    ValueError that says what the norm takes. Training-mode statistics need more than one value each, as in
+    PyTorch: BatchNorm's per channel over the batch, InstanceNorm's per map."""
+    text = "x".join(map(str, shape))
+    dims, layout = LAYOUTS[norm]
+    if len(shape) not in dims:
+        raise ValueError(f"--shape {text}: {norm} takes {layout}; choose the norms with --only")
+    if min(shape) < 1:
+        raise ValueError(f"--shape {text}: every size must be at least 1")
+    if norm in ("layer_norm", "rms_norm"):
+        case = layer_norm_case(math.prod(shape[:-1]), shape[-1], rms=norm == "rms_norm")
+        return dataclasses.replace(case, shape=shape)
+    if norm == "group_norm" and shape[1] % groups:
+        raise ValueError(f"--shape {text}: group_norm's {groups} groups (--groups) must divide C = {shape[1]}")
+    case = channel_case(norm, shape, groups if norm == "group_norm" else None)
+    n, _, _, s = case.view
+    if (n * s if case.reduce_batch else s) == 1:
+        raise ValueError(f"--shape {text}: {norm} needs more than one value per statistic in training, as PyTorch")
+    return case
 
 
 def listed_cases() -> list[Case]:
@@ -131,7 +180,7 @@ def listed_cases() -> list[Case]:
         channel_case("batch_norm2d", image),
         channel_case("instance_norm2d", image),
         channel_case("group_norm", image, groups=8),
-        batch_norm1d_case(8192, 1024),
+        channel_case("batch_norm1d", (8192, 1024)),
         channel_case("instance_norm2d", small_maps),
         channel_case("group_norm", small_maps, groups=8),
     ]
@@ -146,7 +195,7 @@ def quick_cases() -> list[Case]:
         channel_case("batch_norm2d", image),
         channel_case("instance_norm2d", image),
         channel_case("group_norm", image, groups=8),
-        batch_norm1d_case(4096, 768),
+        channel_case("batch_norm1d", (4096, 768)),
     ]
 
 
@@ -158,6 +207,28 @@ def sweep_cases(quick: bool) -> list[Case]:
 
 # ---------------------------------------------------------------------------
 # timing
+
+# Just under glibc's largest dynamic mmap threshold (32 MiB on 64-bit): see settle_allocator.
+SETTLE_BYTES = 31 * 2**20
+
+
+def settle_allocator() -> None:
+    """Free a block of SETTLE_BYTES from malloc, so that every row is timed in the allocator state that a
+    process keeps once it has freed any array of that size, not in whatever state the rows before left.
+
+    glibc serves a block above its mmap threshold (128 KiB at first) with fresh pages, and on freeing such a
+    block raises the threshold to its size (at most 32 MiB) and the heap's trim threshold to twice that. Below
+    the trim threshold, memory freed at the top of the heap stays for the next call; above it, it goes back to
+    the kernel, and the next call faults it in again, page by page. So the time of an implementation that
+    allocates (the NumPy reference, PyTorch) depended on the largest block freed before it in the process:
+    a fresh process ran the float32 NumPy reference LayerNorm fwd+bwd of (256, 1024) in 10.1 ms, 2272 page
+    faults a call (its float64 temporaries of 2 MiB grew the heap and were trimmed back each call), and in
+    2.5 ms without a fault after one free of SETTLE_BYTES; (64, 1024): 3.6 and 0.57 ms. In a run, a row's
+    NumPy time had hung on the rows timed before it, PyTorch's calls among them. Blocks of 32 MiB or more
+    still come fresh each time (``benchmarks/allocation.py`` times that cost). Other C libraries do not
+    work this way; there the free changes nothing."""
+    block = np.empty(SETTLE_BYTES, np.uint8)
+    del block
 
 
 def median_time(fn: Callable[[], Any], min_repeats: int, budget_s: float) -> float:
@@ -588,6 +659,7 @@ class Report:
     startup: dict[str, float]
     quick: bool
     seconds: float = 0.0
+    command: str = RESULTS_COMMAND  # what made it
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -602,8 +674,11 @@ def run(
     startup: bool = True,
     progress: bool = True,
     compile_first: bool = False,
+    cold: bool = True,
 ) -> Report:
     """Run the whole benchmark (``quick``: float32 only, fewer shapes and repeats, under a minute).
+
+    ``cold``: the cases (not the sweep, always hot) are timed from cold caches (see ``time_case``).
 
     ``compile_first``: compile every kernel for the run's dtypes before anything is timed
     (``numba_cpu.compile_every_kernel``: in as many processes at once as there are usable CPUs), rather
@@ -633,6 +708,7 @@ def run(
         times[f"{label}, {_processes()}, wall time (s)"] = time.perf_counter() - t
     jobs = [(c, d, direction, False) for c in cases for d in dtypes for direction in DIRECTIONS]
     jobs += [(c, "float32", "fwd+bwd", True) for c in sweep]
+    settle_allocator()
     stream = Stream(quick)
     bandwidth = stream.measure(sorted({1, all_threads}), 0.3 if quick else 1.0, ("copy", "triad", "memcpy"))
     rows: list[Row] = []
@@ -643,9 +719,8 @@ def run(
             problem = None  # free the previous arrays first
             problem = Problem.make(case, np.dtype(dtype))
         sweep_impls = [i for i in impls if i in ("numpy", "numba", "numba out=", "torch", "copy x", "triad x")]
-        row = time_case(
-            problem, direction, torch, stream, all_threads, quick, sweep_impls if in_sweep else impls, cold=not in_sweep
-        )
+        timed = sweep_impls if in_sweep else impls
+        row = time_case(problem, direction, torch, stream, all_threads, quick, timed, cold and not in_sweep)
         (sweep_rows if in_sweep else rows).append(row)
     if startup:
         times["warm first LayerNorm fwd+bwd, process wall time (s)"] = startup_seconds(cold=False)
@@ -757,7 +832,7 @@ def target_summary(report: Report) -> list[str]:
     dy and dx together 64 MiB or more: twice the 32 MiB L3 of a typical server core complex). Not the
     reported L3 size: a VM may report a whole socket's (480 MiB on one of ours), of which it holds an
     unknown share."""
-    dram = [r for r in report.rows if r.bytes / BYTES_PER_X[r.direction] >= DRAM_SIZED_BYTES]
+    dram = [r for r in report.rows if r.cold and r.bytes / BYTES_PER_X[r.direction] >= DRAM_SIZED_BYTES]
 
     def span(values: list[float | None], unit: str) -> str:
         v = [x for x in values if x is not None]
@@ -806,8 +881,7 @@ def format_report(report: Report, markdown: bool = False) -> str:
     parts = [
         "# minigrad_norm kernel benchmark" if markdown else "minigrad_norm kernel benchmark",
         "",
-        "Generated by `minigrad-norm bench --markdown benchmarks/RESULTS.md --json benchmarks/results.json "
-        "--plot benchmarks/sweep.png`. The machine is shared with other jobs, so absolute numbers move "
+        f"Generated by `{report.command}`. The machine is shared with other jobs, so absolute numbers move "
         "from run to run; the ratios are measured side by side in one process.",
         "",
         "Machine:",
@@ -832,14 +906,25 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "through their call, while the kernels stream theirs to memory: there it is a harsh yardstick, and "
         "the target lines leave such rows out); "
         "'x numpy' = numpy / numba out=, 'x torch' = torch / numba (both allocating, "
-        "all threads). The listed shapes are timed from cold caches: before each timed call, a read of twice "
-        "the L3 size evicts everything, so x and dy come from DRAM. The LayerNorm D=1024 rows at the end are "
-        "the size sweep, timed hot (in a loop on the same arrays, which stay in the caches where they fit).",
+        "all threads). "
+        + (
+            "The listed shapes are timed from cold caches: before each timed call, a read of twice the L3 size "
+            "evicts everything, so x and dy come from DRAM."
+            if all(r.cold for r in report.rows)
+            else "The listed shapes are timed hot (--hot): in a loop on the same arrays, which stay in the caches "
+            "where they fit; the target lines, which need x and dy from DRAM, leave them out."
+        )
+        + (
+            " The LayerNorm D=1024 rows at the end are the size sweep, timed hot (in a loop on the same arrays, "
+            "which stay in the caches where they fit)."
+            if report.sweep
+            else ""
+        ),
         "",
         format_table(report, markdown),
         "",
     ]
-    if report.rows:
+    if any(r.cold for r in report.rows):  # (the targets are of x and dy from DRAM)
         parts += ["Targets (issue 4), as measured in this run:", *(f"{bullet}{t}" for t in target_summary(report)), ""]
     if report.startup:
         parts += ["Process start-up:", *(f"{bullet}{k}: {v:.2f}" for k, v in report.startup.items()), ""]
@@ -877,26 +962,51 @@ def plot(report: Report, path: str) -> None:
 NORMS = ("layer_norm", "rms_norm", "batch_norm2d", "instance_norm2d", "group_norm", "batch_norm1d")
 
 
-def selected_cases(quick: bool, only: Sequence[str] | None = None) -> tuple[list[Case], list[Case]]:
-    """The listed (or quick) cases and the size sweep, keeping only the norms named in ``only`` (all if None)."""
+def selected_cases(
+    quick: bool,
+    only: Sequence[str] | None = None,
+    shapes: Sequence[tuple[int, ...]] | None = None,
+    groups: int | None = None,
+) -> tuple[list[Case], list[Case]]:
+    """The cases to time and the size sweep, of the norms named in ``only`` (all if None): with ``shapes``,
+    each of those norms on each shape (``shape_case``) and no sweep; else the listed (or quick) cases and the
+    sweep. A ValueError says what is wrong with a selection."""
     keep = set(only or NORMS)
     if keep - set(NORMS):
-        raise ValueError(f"bench --only: unknown norm {sorted(keep - set(NORMS))}; the norms are {', '.join(NORMS)}")
+        unknown = " ".join(sorted(keep - set(NORMS)))
+        raise ValueError(f"--only: unknown norm {unknown}; the norms are {', '.join(NORMS)}")
+    if groups is not None and groups < 1:
+        raise ValueError(f"--groups must be positive, got {groups}")
+    if groups is not None and not shapes:
+        raise ValueError(f"--groups {groups} is for --shape (the listed GroupNorm shapes have {DEFAULT_GROUPS} groups)")
+    if shapes:
+        return [shape_case(n, s, groups or DEFAULT_GROUPS) for s in shapes for n in NORMS if n in keep], []
     cases = quick_cases() if quick else listed_cases()
     return [c for c in cases if c.norm in keep], [c for c in sweep_cases(quick) if c.norm in keep]
 
 
+def selection(args: Any) -> tuple[list[Case], list[Case]]:
+    """``minigrad-norm bench``'s cases and sweep from its options (``selected_cases``), checked before any work."""
+    cases, sweep = selected_cases(args.quick, args.only, [parse_shape(s) for s in args.shape or ()], args.groups)
+    if args.plot and not sweep:
+        raise ValueError(f"--plot {args.plot}: the plot is of the LayerNorm size sweep, left out by --shape or --only")
+    return cases, sweep
+
+
 def main(args: Any) -> int:
     """``minigrad-norm bench``: run, print the table, write the requested files."""
-    cases, sweep = selected_cases(args.quick, args.only)
+    cases, sweep = selection(args)
     report = run(
         quick=args.quick,
         cases=cases,
         sweep=sweep,
+        dtypes=args.dtype,
         progress=not args.no_progress,
         startup=not args.no_startup,
         compile_first=True,
+        cold=not args.hot,
     )
+    report = dataclasses.replace(report, command=shlex.join(["minigrad-norm", *args.argv]))
     print(format_report(report))
     if args.json:
         with open(args.json, "w") as f:

@@ -182,19 +182,18 @@ def _model_args(p: argparse.ArgumentParser, d_model: int, heads: int, d_ff: int,
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from minigrad_norm.bench import NORMS
-    from minigrad_norm.bench import main as bench_main
+    from minigrad_norm import bench
 
-    unknown = [name for name in args.only or () if name not in NORMS]
-    error = (
-        (f"--only: unknown norm {' '.join(unknown)}; the norms are {', '.join(NORMS)}" if unknown else None)
-        or _output_error(args, ["--json", "--markdown", "--plot"])
-        or _plot_error(args)
-    )
+    try:
+        bench.selection(args)
+    except ValueError as e:
+        error: str | None = str(e)
+    else:
+        error = _output_error(args, ["--json", "--markdown", "--plot"]) or _plot_error(args)
     if error:
         print(f"bench: {error}", file=sys.stderr)
         return 2
-    return bench_main(args)
+    return bench.main(args)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -238,13 +237,31 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=cmd_check)
 
     bench = sub.add_parser("bench", help="time the norm kernels against STREAM bandwidth, NumPy and PyTorch")
-    bench.add_argument("--quick", action="store_true", help="float32, one shape per norm, few repeats (< 1 min)")
+    bench.add_argument(
+        "--quick", action="store_true", help="one shape per norm, float32 unless --dtype, few repeats (< 1 min)"
+    )
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown (benchmarks/RESULTS.md)")
     bench.add_argument("--plot", metavar="PATH", help="plot time and GB/s against size (needs matplotlib)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("--no-startup", action="store_true", help="skip the fresh-process start-up timings")
     bench.add_argument("--only", nargs="+", metavar="NAME", help="only these norms, e.g. layer_norm group_norm")
+    bench.add_argument(
+        "--shape",
+        nargs="+",
+        metavar="SHAPE",
+        help="time these input shapes instead of the listed ones, in PyTorch's layout, e.g. --only layer_norm "
+        "--shape 16384x2048, --only group_norm --shape 8x32x64x64 (no size sweep)",
+    )
+    bench.add_argument(
+        "--hot",
+        action="store_true",
+        help="time the shapes hot, in a loop on the same arrays (default: each call from cold caches, x from DRAM)",
+    )
+    bench.add_argument("--groups", type=int, metavar="G", help="GroupNorm's groups for --shape (default 8)")
+    bench.add_argument(
+        "--dtype", nargs="+", choices=["float32", "float64"], help="(default both; with --quick, float32)"
+    )
     bench.set_defaults(run=cmd_bench)
 
     compile_ = sub.add_parser(
@@ -303,5 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # (for a report to say which command made it)
     return args.run(args)

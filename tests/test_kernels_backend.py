@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import textwrap
@@ -699,6 +701,7 @@ def test_bench_command_compiles_every_kernel_of_its_dtypes_before_timing_anythin
     reports = []
     monkeypatch.setattr(bench, "format_report", lambda report, markdown=False: reports.append(report) or "")
     args = dict(json=None, markdown=None, plot=None, no_progress=True, no_startup=True, only=["layer_norm"])
+    args.update(shape=None, groups=None, dtype=None, hot=False, argv=["bench", "--quick"])
     assert bench.main(type("Args", (), {**args, "quick": True})) == 0
     assert events[0] == ("compile", ["float32"]) and {e[0] for e in events[1:]} == {"time"}
     (report,) = reports
@@ -1045,7 +1048,7 @@ def test_bench_problem_views_match_each_norm():
     assert bench.channel_case("group_norm", (32, 64, 56, 56), groups=8).view == (32, 8, 8, 3136)
     bn = bench.channel_case("batch_norm2d", (32, 64, 56, 56))
     assert bn.view == (32, 64, 1, 3136) and bn.reduce_batch
-    bn1d = bench.batch_norm1d_case(8192, 1024)
+    bn1d = bench.channel_case("batch_norm1d", (8192, 1024))
     assert bn1d.view == (8192, 1024, 1, 1) and bn1d.reduce_batch
     rms = bench.layer_norm_case(4, 8, rms=True)
     assert not rms.centered and not rms.has_bias
@@ -1071,8 +1074,148 @@ def test_bench_only_selects_norms():
     assert sweep == []  # the sweep is LayerNorm's
     cases, sweep = bench.selected_cases(quick=True, only=None)
     assert {c.norm for c in cases} == set(bench.NORMS) and {c.norm for c in sweep} == {"layer_norm"}
-    with pytest.raises(ValueError, match="bench --only: unknown norm"):
+    with pytest.raises(ValueError, match="--only: unknown norm batch_norm; the norms are layer_norm,"):
         bench.selected_cases(quick=True, only=["batch_norm"])
+
+
+SHAPE_CASES = [
+    ("layer_norm", (6,)),
+    ("layer_norm", (2, 3, 5)),
+    ("rms_norm", (4, 7)),
+    ("batch_norm1d", (5, 3)),
+    ("batch_norm1d", (4, 3, 5)),
+    ("batch_norm2d", (3, 2, 2, 3)),
+    ("instance_norm2d", (2, 3, 1, 4)),
+    ("group_norm", (2, 6, 5)),
+    ("group_norm", (2, 4, 2, 3, 2)),
+]
+
+
+@pytest.mark.parametrize(("norm", "shape"), SHAPE_CASES)
+def test_bench_shape_times_the_norm_it_names_on_that_input(norm, shape):
+    """``bench --shape``: the view and options each norm's case gives the kernels compute, on the user's shape,
+    what the norm layer of that name computes (the public API, in float64), and so does PyTorch's runner."""
+    from minigrad_norm import norms
+    from minigrad_norm.kernels import numba_cpu
+
+    groups = 2
+    case = bench.shape_case(norm, shape, groups)
+    assert case.shape == shape and math.prod(case.view) == math.prod(shape)
+    p = bench.Problem.make(case, np.dtype(np.float64))
+    x, w = p.x.reshape(shape), p.weight.reshape(-1)
+    b = p.bias.reshape(-1) if p.bias is not None else None
+    expected = {
+        "layer_norm": lambda: norms.layer_norm(x, shape[-1], w, b, eps=bench.EPS),
+        "rms_norm": lambda: norms.rms_norm(x, shape[-1], w, eps=bench.EPS),
+        "batch_norm1d": lambda: norms.batch_norm(x, None, None, w, b, training=True, eps=bench.EPS),
+        "batch_norm2d": lambda: norms.batch_norm(x, None, None, w, b, training=True, eps=bench.EPS),
+        "instance_norm2d": lambda: norms.instance_norm(x, weight=w, bias=b, eps=bench.EPS),
+        "group_norm": lambda: norms.group_norm(x, groups, w, b, eps=bench.EPS),
+    }[norm]().data
+    for kernels in (reference, numba_cpu):
+        y, _, _ = bench.kernel_runner(kernels, p, "fwd", False)()
+        np.testing.assert_allclose(y.reshape(shape), expected, rtol=1e-12, atol=1e-12)
+    torch = bench._torch()
+    if torch is not None:
+        np.testing.assert_allclose(bench.torch_runner(torch, p, "fwd")().numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("norm", "text", "message"),
+    [
+        ("layer_norm", "8192x", "expected sizes joined by 'x'"),
+        ("layer_norm", "8192 1024", "expected sizes joined by 'x'"),
+        ("layer_norm", "-4x2", "expected sizes joined by 'x'"),
+        ("layer_norm", "0x4", "every size must be at least 1"),
+        ("batch_norm2d", "8192x1024", "batch_norm2d takes (N, C, H, W); choose the norms with --only"),
+        ("instance_norm2d", "2x3x4", "instance_norm2d takes (N, C, H, W)"),
+        ("batch_norm1d", "2x3x4x5", "batch_norm1d takes (N, C) or (N, C, L)"),
+        ("group_norm", "12", "group_norm takes (N, C, *)"),
+        ("group_norm", "4x12x5", "group_norm's 8 groups (--groups) must divide C = 12"),
+        ("batch_norm1d", "1x64", "batch_norm1d needs more than one value per statistic in training"),
+        ("batch_norm2d", "1x3x1x1", "batch_norm2d needs more than one value per statistic"),
+        ("instance_norm2d", "8x3x1x1", "instance_norm2d needs more than one value per statistic"),
+    ],
+)
+def test_bench_shape_refuses_what_the_norm_does_not_take(norm, text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        bench.selected_cases(quick=False, only=[norm], shapes=[bench.parse_shape(text)])
+
+
+def test_bench_shape_and_groups_select_cases_and_drop_the_sweep():
+    cases, sweep = bench.selected_cases(False, ["rms_norm", "layer_norm"], [(64, 100), (3, 5, 8)])
+    assert sweep == []
+    assert [(c.norm, c.shape) for c in cases] == [
+        ("layer_norm", (64, 100)), ("rms_norm", (64, 100)), ("layer_norm", (3, 5, 8)), ("rms_norm", (3, 5, 8))
+    ]  # fmt: skip
+    (case,), _ = bench.selected_cases(True, ["group_norm"], [(2, 12, 3, 3)], groups=3)
+    assert case.view == (2, 3, 4, 9)
+    (case,), _ = bench.selected_cases(True, ["group_norm"], [(2, 16, 3)])
+    assert case.view == (2, bench.DEFAULT_GROUPS, 2, 3)
+    with pytest.raises(ValueError, match="--groups 4 is for --shape"):
+        bench.selected_cases(False, ["group_norm"], None, groups=4)
+    with pytest.raises(ValueError, match="--groups must be positive, got 0"):
+        bench.selected_cases(False, ["group_norm"], [(2, 16, 3)], groups=0)
+
+
+def test_bench_command_times_the_shapes_and_dtypes_asked_and_says_how_it_was_run(monkeypatch):
+    """``bench --shape ... --dtype ... --hot``: each norm on each shape, in each dtype and direction, hot, no
+    sweep; the report names the command that made it (not the one that makes RESULTS.md)."""
+    from minigrad_norm.kernels import numba_cpu
+
+    timed = []
+    monkeypatch.setattr(numba_cpu, "compile_every_kernel", lambda dtypes, **_: None)
+
+    def fake_time_case(problem, direction, torch, stream, threads, quick, impls, cold=True):
+        timed.append((problem.case.norm, problem.case.shape, problem.dtype.name, direction, cold))
+        ms = {impl: 1.0 for impl in impls}
+        stream = {"copy": 30.0, "triad": 30.0}
+        return bench.Row(problem.case.norm, problem.case.shape, problem.dtype.name, direction, 8, ms, stream, cold)
+
+    monkeypatch.setattr(bench, "time_case", fake_time_case)
+    monkeypatch.setattr(bench.Stream, "measure", lambda self, *a: {})
+    reports = []
+    monkeypatch.setattr(bench, "format_report", lambda report, markdown=False: reports.append(report) or "")
+    argv = ["bench", "--quick", "--only", "layer_norm", "batch_norm1d", "--shape", "4x6", "2x3x5"]
+    argv += ["--dtype", "float64", "--hot", "--no-progress", "--no-startup"]
+    assert cli_main(argv) == 0
+    assert timed == [
+        (norm, shape, "float64", direction, False)
+        for shape in [(4, 6), (2, 3, 5)]
+        for norm in ("layer_norm", "batch_norm1d")
+        for direction in bench.DIRECTIONS
+    ]
+    (report,) = reports
+    assert report.sweep == [] and report.command == "minigrad-norm " + " ".join(argv)
+    monkeypatch.undo()
+    text = bench.format_report(report)
+    assert f"Generated by `{report.command}`" in text and "timed hot (--hot)" in text and "size sweep" not in text
+    assert "Targets (issue 4)" not in text  # (they need rows timed from cold caches)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc thresholds")
+def test_bench_settles_the_allocator_so_no_row_depends_on_the_ones_before():
+    """In a fresh process, the NumPy reference's float64 temporaries of 2 MiB grow glibc's heap and are trimmed
+    back on every call, each page faulted in again; after ``settle_allocator`` they stay (as after any free of a
+    block near 32 MiB, such as PyTorch's calls make)."""
+    code = """
+        import resource, numpy as np
+        from minigrad_norm import bench
+        from minigrad_norm.kernels import reference
+        p = bench.Problem.make(bench.layer_norm_case(256, 1024), np.dtype(np.float32))
+        f = bench.kernel_runner(reference, p, "fwd+bwd", False)
+        def faults():
+            f()
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            for _ in range(3):
+                f()
+            return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
+        print(faults())
+        bench.settle_allocator()
+        print(faults())
+    """
+    fresh, settled = map(float, run_python(code).stdout.split())
+    assert fresh > 1000 and settled < 50  # (2 MiB is 512 pages)
 
 
 def test_bench_cli_parses():

@@ -123,6 +123,10 @@ def test_an_unwritable_output_path_is_refused_before_any_work(tmp_path, capsys, 
         (["check", "--seed", "-1"], "--seed must be >= 0, got -1"),
         (["compile", "--processes", "0"], "--processes must be positive, got 0"),
         (["bench", "--only", "layer_norm", "nonsense"], "--only: unknown norm nonsense; the norms are layer_norm,"),
+        (["bench", "--shape", "8192x1024"], "--shape 8192x1024: batch_norm2d takes (N, C, H, W); choose the norms"),
+        (["bench", "--only", "layer_norm", "--shape", "8x"], "--shape 8x: expected sizes joined by 'x'"),
+        (["bench", "--groups", "4"], "--groups 4 is for --shape"),
+        (["bench", "--only", "rms_norm", "--plot", "p.png"], "--plot p.png: the plot is of the LayerNorm size sweep"),
     ],
 )
 def test_bad_option_values_are_refused_before_any_work(capsys, no_work, argv, message):
