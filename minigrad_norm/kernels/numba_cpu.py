@@ -1839,10 +1839,25 @@ def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affin
         n_first, n_last = _chunk(c, N, n_chunks)
         scratch = np.empty(_scratch_len(L, 1, True, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
         terms = np.zeros((max(0, g_last - g_first), 2, L if per_value else 0), dtype=x3.dtype)
-        _backward_rows(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
-            g_first, g_last, scratch, stream,
-        )  # fmt: skip
+        # LayerNorm and RMSNorm have one group, passed as the constants 0 and 1, for which numba compiles the item
+        # again, its loop over the groups gone. With that loop (of one group) inside the loop over rows, the float32
+        # backward of rows of 32 values took 1.4x the time on one thread, hot (44-46 ns a row against 31-33; rows
+        # of 128 values 85-88 against 73-79; several compiles of each in one process, the same bits), and of
+        # (65536, 128) from cold caches on 2 threads 1.13-1.20x (``benchmarks/compare_kernels.py --cold --floor``).
+        # In the one compile: the group's slices taken once, before the loop over rows, 37-38 ns; one loop over
+        # (row, group) pairs, 40; a loop over rows alone where there is one group, beside the loop over both (the
+        # row's work an inlined function called in each), 35-36 and 77-78. The price of the second compile: that
+        # of every kernel, 92.5 s of CPU time in one process, took 101 (``benchmarks/compile_time.py``).
+        if G == 1:
+            _backward_rows(
+                dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
+                0, 1, scratch, stream,
+            )  # fmt: skip
+        else:
+            _backward_rows(
+                dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
+                g_first, g_last, scratch, stream,
+            )  # fmt: skip
         if stream:
             _store_fence()
 
