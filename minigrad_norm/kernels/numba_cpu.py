@@ -2134,8 +2134,10 @@ def _out_buffer(
 
 
 def _overlaps(out: np.ndarray, a: np.ndarray) -> bool:
-    same = (out.ctypes.data, out.shape, out.strides, out.dtype) == (a.ctypes.data, a.shape, a.strides, a.dtype)
-    return not same and np.may_share_memory(out, a)
+    # (the cheap bounds test first: ``.ctypes.data`` takes 1.5 us, ``np.may_share_memory`` 0.2)
+    if not np.may_share_memory(out, a):
+        return False
+    return (out.ctypes.data, out.shape, out.strides, out.dtype) != (a.ctypes.data, a.shape, a.strides, a.dtype)
 
 
 def _finish(buf: np.ndarray, out: np.ndarray | None) -> np.ndarray:
