@@ -891,7 +891,7 @@ def _fold_terms(tw, tb, pw, pb):
 
 
 @numba.njit(error_model="numpy", inline="always")
-def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine, tw, tb):
+def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine, tw, tb, whole_rows):
     """``_dx_row`` (with ``affine``, ``_dx_row_affine``) into dxb, streamed through ``scratch`` with ``stream``.
 
     Each row function is called twice, into ``scratch`` and into dxb, rather than once into a destination chosen at
@@ -903,7 +903,14 @@ def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine
     ``benchmarks/compare_kernels.py`` (2 threads, the AMD Zen 4 VM) took the backward of InstanceNorm's 4x4 maps
     (4096, 64, 1, 16) 0.88 of the time (float64 0.91), without dweight/dbias 0.74 (0.77), of rows of 8 float64
     values 0.84 and 0.70, of 64 float32 values 0.91 and 0.90; LayerNorm's rows of 128 values or more 0.99-1.04, cold
-    and hot."""
+    and hot.
+
+    ``whole_rows`` (a constant: LayerNorm's and RMSNorm's rows, one group, which ``_backward_rows_kernel`` compiles
+    apart) takes the affine direct call on the whole rows after all: there the slices went the other way. Whole
+    rows against sliced, ``benchmarks/compare_kernels.py --floor`` (the AMD Zen 4 VM, float32, rows not streamed):
+    rows of 32 values 0.85 of the time hot on one thread, 0.89 cold on two, of 64 values 0.90, of 256 and 1024
+    0.97-0.99 (two copies of the same code 0.97-1.01 apart); GroupNorm's 4x4 maps as rows (1024, 8, 8, 16) on the
+    whole rows 1.98 hot and 1.39 cold: those stay sliced."""
     if stream:
         c = scratch.shape[0]
         for j0 in range(0, xb.shape[0], c):
@@ -914,6 +921,8 @@ def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine
             else:
                 _dx_row(dyb[j0:j1], xb[j0:j1], out, w[j0:j1], mu, r, proj, mdx, fixed)
             _stream_copy(out, dxb[j0:j1])
+    elif affine and whole_rows:
+        _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, tw, tb)
     elif affine:
         L = xb.shape[0]
         _dx_row_affine(dyb[:L], xb[:L], dxb[:L], w[:L], mu, r, proj, mdx, fixed, tw[:L], tb[:L])
@@ -1178,11 +1187,13 @@ def _terms_per_row(affine, K, L):
 @_item
 def _backward_rows(
     dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, terms, n_first, n_last, g_first, g_last,
-    scratch, stream,
+    one_group, scratch, stream,
 ):  # fmt: skip
     """Backward of the rows (n, g), n = n_first..n_last-1, g = g_first..g_last-1, in memory order, each with its
     own statistics; dweight and dbias terms into the partial rows pw[g], pb[g], summed first over blocks of
     TERM_BLOCK_ROWS rows n in the zeroed rows ``terms[g - g_first]`` (2, L) of x's dtype (``_fold_terms``).
+    ``one_group``: the rows are LayerNorm's or RMSNorm's, G = 1, g_first = 0 and g_last = 1, all three constants
+    (see ``_backward_rows_kernel``; ``_dx_row_to`` for what changes with it).
 
     Rows whose weight is one value repeated (InstanceNorm's small maps taken as rows, ``_as_rows``: partial rows
     of one value, pw[g] = [dweight[g]]) have one dweight and one dbias term per row: their sums pass takes
@@ -1235,7 +1246,10 @@ def _backward_rows(
             else:
                 A, B = _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
             mdx = A / L if use_mean else 0.0
-            _dx_row_to(dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, per_value, tw, tb)
+            _dx_row_to(
+                dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, per_value, tw, tb,
+                one_group,
+            )  # fmt: skip
             if fold:
                 _fold_terms(tw, tb, pw[g], pb[g])
 
@@ -1840,24 +1854,25 @@ def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affin
         n_first, n_last = _chunk(c, N, n_chunks)
         scratch = np.empty(_scratch_len(L, 1, True, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
         terms = np.zeros((max(0, g_last - g_first), 2, L if per_value else 0), dtype=x3.dtype)
-        # LayerNorm and RMSNorm have one group, passed as the constants 0 and 1, for which numba compiles the item
-        # again, its loop over the groups gone. With that loop (of one group) inside the loop over rows, the float32
-        # backward of rows of 32 values took 1.4x the time on one thread, hot (44-46 ns a row against 31-33; rows
-        # of 128 values 85-88 against 73-79; several compiles of each in one process, the same bits), and of
-        # (65536, 128) from cold caches on 2 threads 1.13-1.20x (``benchmarks/compare_kernels.py --cold --floor``).
-        # In the one compile: the group's slices taken once, before the loop over rows, 37-38 ns; one loop over
-        # (row, group) pairs, 40; a loop over rows alone where there is one group, beside the loop over both (the
-        # row's work an inlined function called in each), 35-36 and 77-78. The price of the second compile: that
-        # of every kernel, 92.5 s of CPU time in one process, took 101 (``benchmarks/compile_time.py``).
+        # LayerNorm and RMSNorm have one group, passed as the constants 0 and 1 (and one_group), for which numba
+        # compiles the item again, its loop over the groups gone. With that loop (of one group) inside the loop
+        # over rows, the float32 backward of rows of 32 values took 1.4x the time on one thread, hot (44-46 ns a
+        # row against 31-33; rows of 128 values 85-88 against 73-79; several compiles of each in one process, the
+        # same bits), and of (65536, 128) from cold caches on 2 threads 1.13-1.20x (``benchmarks/compare_kernels.py
+        # --cold --floor``). In the one compile: the group's slices taken once, before the loop over rows, 37-38
+        # ns; one loop over (row, group) pairs, 40; a loop over rows alone where there is one group, beside the
+        # loop over both (the row's work an inlined function called in each), 35-36 and 77-78. The price of the
+        # second compile: that of every kernel, 92.5 s of CPU time in one process, took 101
+        # (``benchmarks/compile_time.py``).
         if G == 1:
             _backward_rows(
                 dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
-                0, 1, scratch, stream,
+                0, 1, True, scratch, stream,
             )  # fmt: skip
         else:
             _backward_rows(
                 dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
-                g_first, g_last, scratch, stream,
+                g_first, g_last, False, scratch, stream,
             )  # fmt: skip
         if stream:
             _store_fence()
