@@ -53,7 +53,7 @@ the run, so that the allocating implementations' times do not depend on the rows
 timed before them.
 
     minigrad-norm bench [--quick] [--json PATH] [--markdown PATH] [--plot PATH] [--only NAME ...]
-                        [--shape SHAPE ...] [--groups G] [--dtype DTYPE ...]
+                        [--shape SHAPE ...] [--groups G] [--dtype DTYPE ...] [--hot]
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def channel_case(norm: str, shape: tuple[int, ...], groups: int | None = None) -
     return Case(norm, shape, (n, g, c // g, math.prod(shape[2:])), reduce_batch=norm.startswith("batch_norm"))
 
 
-# the input layouts ``bench --shape`` takes, PyTorch's: norm -> (numbers of dims, as the error message says them)
+# the input layouts ``bench --shape`` takes, PyTorch's: norm -> (the numbers of dims it takes, its layout in words)
 LAYOUTS: dict[str, tuple[range, str]] = {
     "layer_norm": (range(1, 33), "(*, D), normalized over the last dim D"),
     "rms_norm": (range(1, 33), "(*, D), normalized over the last dim D"),

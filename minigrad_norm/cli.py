@@ -186,10 +186,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     try:
         bench.selection(args)
-    except ValueError as e:
-        error: str | None = str(e)
-    else:
         error = _output_error(args, ["--json", "--markdown", "--plot"]) or _plot_error(args)
+    except ValueError as e:  # (what selection refuses)
+        error = str(e)
     if error:
         print(f"bench: {error}", file=sys.stderr)
         return 2
