@@ -908,6 +908,8 @@ def test_wrong_arguments_raise_on_both_backends(mod):
             r"norm_forward: weight has shape \(4,\), expected \(3, 4\)",
         ),
         (lambda: mod.norm_forward(x, np.ones((3, 1)), None, EPS), ValueError, r"weight has shape \(3, 1\)"),
+        # (numba's float(eps) would read the text; NumPy's var + "1e-5" raises, and PyTorch refuses it)
+        (lambda: mod.norm_forward(x, None, None, "1e-5"), TypeError, "norm_forward: eps must be a number, got '1e-5'"),
         (
             lambda: mod.norm_forward(x, None, None, EPS, mask=np.ones((2, 4), bool)),
             ValueError,

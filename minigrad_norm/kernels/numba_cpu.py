@@ -2343,7 +2343,7 @@ def norm_forward(
     """Same contract as ``reference.norm_forward``."""
     reference.check_args(
         "norm_forward", x, reduce_batch=reduce_batch, weight=weight, bias=bias, mask=mask, stats=stats, out=out,
-        result_dtype=x.dtype,
+        result_dtype=x.dtype, eps=eps,
     )  # fmt: skip
     if not _for_kernels(x, weight, bias, *(stats or ())) or (stats is not None and not _mean_fits(x.dtype, stats[0])):
         return reference.norm_forward(

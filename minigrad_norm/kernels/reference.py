@@ -37,6 +37,7 @@ method) in complex128. Everything is written with analytic operations
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,13 @@ def _check_numeric(op: str, name: str, a: np.ndarray) -> None:
         raise TypeError(f"{op}: {name} must be a floating-point array, got dtype {np.asarray(a).dtype}")
 
 
+def check_eps_type(op: str, eps: Any) -> None:
+    """eps is not text: ``float("1e-5")`` reads it, and numba's ``float(eps)`` would, where NumPy's
+    ``var + "1e-5"`` and PyTorch refuse it."""
+    if isinstance(eps, str | bytes):
+        raise TypeError(f"{op}: eps must be a number, got {eps!r}")
+
+
 def check_args(
     op: str,
     x: np.ndarray,
@@ -75,12 +83,15 @@ def check_args(
     dy: np.ndarray | None = None,
     out: np.ndarray | None = None,
     result_dtype: np.dtype | None = None,
+    eps: Any = None,
 ) -> None:
     """What ``norm_forward``/``norm_backward`` require of their arguments, for both backends: x a float
     (or complex) array of shape (N, G, K, S); dy of x's shape; weight and bias (G, K); the statistics
     (N, G), or (G,) with ``reduce_batch``; a boolean mask (N, S); and ``out`` of x's shape, writable, of
     a dtype the result (``result_dtype``) casts to within its kind. Nothing is broadcast: a wrong shape
-    raises ``ValueError`` naming the argument, never a silently different result."""
+    raises ``ValueError`` naming the argument, never a silently different result. eps is a number
+    (``check_eps_type``)."""
+    check_eps_type(op, eps)
     if np.ndim(x) != 4:
         raise ValueError(f"{op}: x must be 4-D (N, G, K, S), got shape {np.shape(x)}")
     _check_numeric(op, "x", x)
@@ -153,7 +164,7 @@ def norm_forward(
     """
     check_args(
         "norm_forward", x, reduce_batch=reduce_batch, weight=weight, bias=bias, mask=mask, stats=stats, out=out,
-        result_dtype=x.dtype,
+        result_dtype=x.dtype, eps=eps,
     )  # fmt: skip
     acc = np.result_type(x.dtype, np.float64, *(np.asarray(s).dtype for s in stats or ()))
     axes = _stat_axes(reduce_batch)

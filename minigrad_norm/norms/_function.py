@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from minigrad_norm.backend import kernels_for
+from minigrad_norm.kernels.reference import check_eps_type
 from minigrad_norm.ops import as_tensor
 from minigrad_norm.tensor import Context, Function, Tensor
 
@@ -192,7 +193,9 @@ def as_float_tensor(op: str, x: Any) -> Tensor:
 
 
 def check_eps(op: str, eps: Any, *, allow_zero: bool = False) -> float:
-    """eps must be a finite number > 0 (>= 0 where ``allow_zero``: the mathematical eps = 0 case)."""
+    """eps must be a finite number > 0 (>= 0 where ``allow_zero``: the mathematical eps = 0 case); not text,
+    which ``float`` would read ("1e-5") and PyTorch refuses (``check_eps_type``)."""
+    check_eps_type(op, eps)
     try:
         value = float(eps)
     except (TypeError, ValueError):
