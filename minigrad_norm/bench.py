@@ -635,13 +635,17 @@ def startup_seconds(cold: bool, every_kernel: bool = False) -> float:
     process left it, or with ``cold`` on an empty one, so that it compiles what it runs. (Warm on a cache of
     its own, the first process compiled the LayerNorm's kernels again: 12 s of a 28 s --quick run.)"""
     script = EVERY_KERNEL_SCRIPT if every_kernel else FIRST_LAYER_NORM_SCRIPT
-    with tempfile.TemporaryDirectory() as empty:
-        env = dict(os.environ, NUMBA_CACHE_DIR=empty) if cold else None
-        if not cold:  # a first process, which leaves the cache warm
-            subprocess.run([sys.executable, "-c", script], check=True, env=env)
+
+    def timed(env: dict[str, str] | None) -> float:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", script], check=True, env=env)
         return time.perf_counter() - t
+
+    if cold:
+        with tempfile.TemporaryDirectory() as empty:
+            return timed(dict(os.environ, NUMBA_CACHE_DIR=empty))
+    timed(None)  # a first process, which leaves the cache warm
+    return timed(None)
 
 
 def _processes() -> str:

@@ -733,9 +733,12 @@ def test_bench_times_the_warm_start_on_numbas_own_cache_and_the_cold_on_an_empty
         calls.append(cache if cache is None else (cache, os.listdir(cache)))
 
     monkeypatch.setattr(bench.subprocess, "run", run)
+    make_dir = bench.tempfile.TemporaryDirectory
+    monkeypatch.setattr(bench.tempfile, "TemporaryDirectory", lambda: pytest.fail("a directory for a warm start"))
     bench.startup_seconds(cold=False)
     assert calls == [None, None]  # the process's environment: numba's own cache
     calls.clear()
+    monkeypatch.setattr(bench.tempfile, "TemporaryDirectory", make_dir)
     bench.startup_seconds(cold=True)
     ((cache, files),) = calls
     assert cache != os.environ.get("NUMBA_CACHE_DIR") and files == []

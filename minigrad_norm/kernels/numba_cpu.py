@@ -1934,6 +1934,9 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
         return numba.njit(parallel=parallel, error_model="numpy")(clone)
 
 
+_uncached_warned = False
+
+
 def _warn_uncached(error: RuntimeError) -> None:
     """Says once that numba cannot cache the kernels on disk. It caches in the first of ``NUMBA_CACHE_DIR`` (where
     that is set), ``__pycache__`` beside the sources and the user's cache directory that it can write to; with none
@@ -1947,9 +1950,6 @@ def _warn_uncached(error: RuntimeError) -> None:
             "calls. Set NUMBA_CACHE_DIR to a writable directory to keep them.",
             stacklevel=2,
         )
-
-
-_uncached_warned = False
 
 
 def _cache_locked(kernel: Callable) -> Callable:
