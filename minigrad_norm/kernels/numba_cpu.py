@@ -1864,7 +1864,9 @@ def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affin
         # loop over both (the row's work an inlined function called in each), 35-36 and 77-78. The price of the
         # second compile (``benchmarks/compile_time.py``): that of every kernel, 92.5 s of CPU time in one
         # process, took 101; a first float32 LayerNorm forward+backward on an empty cache 19.1 s instead of 12.9
-        # (once: numba caches the kernel).
+        # (once: numba caches the kernel). (The one-group rows in a kernel of their own, which a LayerNorm would
+        # compile alone: its first call 12.6 s against 13.1, but every kernel in two processes 59.6 s against 54.2,
+        # at the 60 s that issue 4 allows: not taken.)
         if G == 1:
             _backward_rows(
                 dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
