@@ -16,8 +16,9 @@ over repeated runs of
                  ``aligned_empty``, as PyTorch aligns its tensors and the pool its buffers)
     torch 1t     PyTorch CPU eager on one thread (when torch is installed), allocating
     torch        PyTorch CPU eager on all threads, allocating
-    copy x       a plain numba copy of x into a preallocated array, all threads: the bytes a
-                 forward moves, in the same rounds, so in the same cache state as the kernels
+    copy x       a plain numba copy of x into a preallocated array, all threads (one where numba's
+                 kernels run serially: ``plain_kernel_threads``): the bytes a forward moves, in the
+                 same rounds, so in the same cache state as the kernels
     triad x      a plain numba triad out = x + 3 dy, the same way: the bytes a backward moves
 
 Effective GB/s count the minimal bytes: forward reads x and writes y (2 |x|
@@ -576,6 +577,18 @@ def interleaved_times(
     return times
 
 
+def plain_kernel_threads(size: int, all_threads: int) -> int:
+    """The threads the plain kernels (copy x, triad x) run on for an x of ``size`` elements: one where numba's
+    kernels run their serial compile (fewer than ``numba_cpu.PARALLEL_MIN_ELEMENTS`` elements), else all, so
+    that both move the bytes the same way. On all threads a parallel launch costs tens of microseconds: a copy of
+    65536 float32 values took 58 us on two threads and 6 on one. The float32 LayerNorm fwd+bwd of the sweep's two
+    smallest rows, 64 and 128 rows of 1024 values, read 82 and 64 % of plain kernels on two threads, and 16 and 21 %
+    of plain kernels on one (hot, one run each)."""
+    from minigrad_norm.kernels import numba_cpu
+
+    return 1 if size < numba_cpu.PARALLEL_MIN_ELEMENTS else all_threads
+
+
 def time_case(
     p: Problem,
     direction: str,
@@ -594,12 +607,13 @@ def time_case(
 
     reps, budget = (3, 0.05) if quick else (7, 1.5)
     x_flat, dy_flat, plain_out = p.x.reshape(-1), p.dy.reshape(-1), np.empty(p.x.size, p.x.dtype)
+    plain_threads = plain_kernel_threads(p.x.size, all_threads)
     plan: dict[str, tuple[int, Callable[[], Any]]] = {
         "numba 1t": (1, kernel_runner(numba_cpu, p, direction, True)),
         "numba": (all_threads, kernel_runner(numba_cpu, p, direction, False)),
         "numba out=": (all_threads, kernel_runner(numba_cpu, p, direction, True)),
-        "copy x": (all_threads, lambda: stream.copy_kernel(x_flat, plain_out)),
-        "triad x": (all_threads, lambda: stream.triad_kernel(plain_out, x_flat, dy_flat, 3.0)),
+        "copy x": (plain_threads, lambda: stream.copy_kernel(x_flat, plain_out)),
+        "triad x": (plain_threads, lambda: stream.triad_kernel(plain_out, x_flat, dy_flat, 3.0)),
     }
     if torch is not None:
         plan["torch 1t"] = (1, torch_runner(torch, p, direction))
@@ -905,7 +919,8 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "threads ('copy GB/s'), timed in the same rounds as the implementations: round-robin, "
         f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own (numpy: 1); "
         "'% plain x' is the time of plain kernels moving the same bytes, timed in the same rounds ('copy x' "
-        "= a copy of x, a forward's bytes; 'triad x' = x + 3 dy, a backward's; both for fwd+bwd), over the time "
+        "= a copy of x, a forward's bytes; 'triad x' = x + 3 dy, a backward's; both for fwd+bwd; on one thread where "
+        "x is small enough for numba's kernels to run serially), over the time "
         "of numba out= (for an x smaller than DRAM_SIZED_BYTES the plain kernels' output can stay in the L3 "
         "through their call, while the kernels stream theirs to memory: there it is a harsh yardstick, and "
         "the target lines leave such rows out); "

@@ -772,6 +772,28 @@ def test_bench_times_stream_in_the_rows_own_rounds(monkeypatch):
     )
 
 
+@pytest.mark.parametrize(("threshold", "threads"), [(10**9, 1), (0, 2)])
+def test_bench_runs_the_plain_kernels_serially_where_the_kernels_do(monkeypatch, threshold, threads):
+    """copy x and triad x run on one thread where x is too small for numba's kernels to go parallel
+    (PARALLEL_MIN_ELEMENTS), so that neither side of '% plain x' pays a parallel launch the other does not;
+    on all threads above it."""
+    from minigrad_norm.kernels import numba_cpu
+
+    monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", threshold)
+    seen = {}
+
+    def fake_times(plan, torch, min_rounds, budget_s, warmup_calls=1, before_timed=None, one_warmup=()):
+        seen.update(plan)
+        return {name: [1e-3] * 5 for name in plan}
+
+    monkeypatch.setattr(bench, "interleaved_times", fake_times)
+    p = bench.Problem.make(bench.layer_norm_case(8, 16), np.dtype(np.float32))
+    impls = ("numba out=", "copy x", "triad x")
+    bench.time_case(p, "fwd+bwd", None, bench.Stream(quick=True), 2, quick=True, impls=impls, cold=False)
+    assert seen["copy x"][0] == seen["triad x"][0] == threads
+    assert seen["numba out="][0] == 2
+
+
 def test_bench_compares_each_direction_with_plain_kernels_of_the_same_bytes():
     """'% plain x': a forward against the copy of x, a backward against the triad, forward+backward against
     both, each the time of the plain kernels over the time of numba out= (made-up times, in ms)."""
