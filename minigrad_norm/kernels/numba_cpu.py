@@ -2512,8 +2512,10 @@ def compile_every_kernel(
     once, ``_cache_locked`` would keep numba's index whole).
     On the 2-core AMD Zen 4 VM, both dtypes took 46 s in two processes against 83 s in one (the code before
     this, which cached the functions the kernels call too and compiled in one process, 83-85 s;
-    ``benchmarks/compile_time.py``, medians of 2 rounds). Compile times quoted elsewhere in this module are of
-    one process."""
+    ``benchmarks/compile_time.py``, medians of 2 rounds). Handed out longest compile first (one process each:
+    19.6, 16.3, 15.4, 14.5, 12.5, 11.2 and 1.0 s, which in ``_KERNELS``'s order should leave one process working
+    3 s after the other is done), the kernels took 58.5-63.4 s against 54.6-62.0 in three alternated rounds: not
+    taken. Compile times quoted elsewhere in this module are of one process."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from tqdm import tqdm
