@@ -2206,16 +2206,14 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_
     from the pool is only on its first use, and is streamed into (``benchmarks/allocation.py``:
     float32 LayerNorm 8192x1024 fwd+bwd allocating from the pool, 8.4 ms with ordinary stores, 7.7
     streamed, 7.8 into ``out=``)."""
+    if buf.nbytes < STREAMING_STORE_MIN_BYTES or not (buf is out or (out is None and POOL.owns(buf))):
+        return False
     block_bytes = block * buf.itemsize
-    whole_lines = buf.ctypes.data % _STREAM_BYTES == 0 and block_bytes % _STREAM_BYTES == 0
-    return (
-        buf.nbytes >= STREAMING_STORE_MIN_BYTES
-        and (buf is out or (out is None and POOL.owns(buf)))
-        and (
-            block_bytes >= STREAMING_STORE_MIN_BLOCK_BYTES
-            or (short_aligned_blocks and whole_lines and block_bytes >= STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES)
-        )
-    )
+    if block_bytes >= STREAMING_STORE_MIN_BLOCK_BYTES:
+        return True
+    # (the address last: ``.ctypes.data`` takes 1.5 us, as long as a small call's kernel)
+    whole_lines = block_bytes % _STREAM_BYTES == 0 and buf.ctypes.data % _STREAM_BYTES == 0
+    return short_aligned_blocks and whole_lines and block_bytes >= STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES
 
 
 def _by_columns(shape: tuple[int, ...], itemsize: int, reduce_batch: bool, mask: np.ndarray | None) -> bool:
