@@ -7,13 +7,23 @@ import json
 import math
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 from minigrad_norm import __version__
 
+# A check row that takes longer than this is, on a fresh install, the first use of a norm compiling its numba kernels
+CHECK_SLOW_ROW_SECONDS = 3.0
+
 
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2e}"
+
+
+def _say_once(said: threading.Event, message: str) -> None:
+    if not said.is_set():
+        said.set()
+        print(message, file=sys.stderr, flush=True)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -32,8 +42,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(header)
     print("-" * len(header))
     results = []
+    # On an empty numba cache the norms' rows wait 30 s in all on 2 cores for their kernels to compile, without a
+    # word: a first-time user would take the stall for a hang. Said once, on stderr, while the row still runs.
+    said = threading.Event()
     for case in cases:
-        r = run_case(case, seed=args.seed)
+        note = (
+            f"check: {case.name} is taking a while: a norm's first use compiles its numba kernels (about 30 s for "
+            "this whole check on 2 cores, once: later runs load them from numba's cache)"
+        )
+        timer = threading.Timer(CHECK_SLOW_ROW_SECONDS, _say_once, (said, note))
+        timer.start()
+        try:
+            r = run_case(case, seed=args.seed)
+        finally:
+            timer.cancel()
         results.append(r)
         print(
             f"{r.name:<44} {r.shapes:<22} {_fmt(r.fd_abs_err):>10} {_fmt(r.fd_rel_err):>10} "

@@ -70,6 +70,30 @@ def test_check_exits_nonzero_when_an_op_fails(monkeypatch, capsys, wrong):
     assert "1 passed, 1 failed" in out
 
 
+def test_check_says_once_on_stderr_when_a_row_takes_a_while(monkeypatch, capsys):
+    """A row slower than CHECK_SLOW_ROW_SECONDS (a norm compiling its numba kernels on first use) gets one note
+    on stderr while it runs, however many rows are slow; fast rows get none."""
+    import time
+
+    from minigrad_norm import check, cli
+
+    fast = check.run_case
+
+    def slow(case, seed=0):
+        time.sleep(0.3)
+        return fast(case, seed)
+
+    assert main(["check", "--only", "neg"]) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(cli, "CHECK_SLOW_ROW_SECONDS", 0.05)
+    monkeypatch.setattr(check, "run_case", slow)
+    assert main(["check", "--only", "neg", "abs"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("check: ") == 1
+    assert "check: neg is taking a while: a norm's first use compiles its numba kernels" in captured.err
+    assert "2 passed, 0 failed" in captured.out
+
+
 def test_python_dash_m_entry_point():
     r = subprocess.run([sys.executable, "-m", "minigrad_norm", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("minigrad-norm ")
