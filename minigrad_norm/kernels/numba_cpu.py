@@ -1214,6 +1214,15 @@ def _backward_rows(
     same code read 0.98-1.04 apart in the same hour; nor did a dx loop taking the rows' one weight as a scalar
     rather than as a row of repeated values (0.97-1.02 hot).
 
+    What does cost these rows is this loop's branches on its flags (stream, fixed, the rows' kind), which numba
+    compiles as run-time values: the same rows in a loop of their own without them (terms per row, statistics
+    computed, a finite weight, no stream; the same bits) took float32 maps of 16 values 0.79 of the time hot on one
+    thread and 0.83 cold on two, which would have put InstanceNorm's 4x4 backward ahead of PyTorch's; maps of 32
+    values 0.90, of 128 0.98 (and this item compiled with the flags as constants: 0.78). Not taken, for the compile
+    time: as an item of its own the loop took the cold compile of the rows' backward (both dtypes, one process) from
+    29.6-29.9 s to 32.2-33.7, inside this loop 32.9-35.8, and every kernel from 55.2 s to 58.3 (median of 2
+    rounds, ``benchmarks/compile_time.py``), against the 60 s that issue 4 allows.
+
     (Rows of 8 KiB or more, where the float64 backward of 512x4096 moved 17-24 GB/s against 31-35 on rows of 1024
     values, in a pipeline one row deep, a piece of 4 KiB at a time: the sums of row n's piece from DRAM, then the dx
     of row n - 1's piece from L2, so that DRAM is read while dx is written. ``compare_kernels.py --cold`` (2 threads,
