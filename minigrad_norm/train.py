@@ -131,9 +131,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     schedule = WarmupSchedule(opt, cfg.warmup, cfg.steps, decay="cosine")
     data_rng = np.random.default_rng([cfg.seed, 1])
     losses: list[float] = []
-    bar = _progress(cfg.steps, progress)
-    if bar is not None:
-        bar.set_description_str("train (the first step compiles or loads the numba kernels)", refresh=True)
+    bar = _progress(cfg.steps, progress, "train (the first step compiles or loads the numba kernels)")
     # steps/s leaves the first step out: it pays for the kernels' first use in the process (10 s compiling on
     # an empty numba cache, about 0.4 s loading from a warm one), so that of several modes trained one after
     # another the first had read half as fast as the same mode trained again (50 against 108 steps/s, 30 steps)
@@ -176,12 +174,12 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     )
 
 
-def _progress(total: int, enabled: bool) -> Any:
+def _progress(total: int, enabled: bool, desc: str) -> Any:
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
 
 
 def plot_losses(results: list[TrainResult], path: str) -> None:
