@@ -1219,9 +1219,10 @@ def _backward_rows(
     computed, a finite weight, no stream; the same bits) took float32 maps of 16 values 0.79 of the time hot on one
     thread and 0.83 cold on two, which would have put InstanceNorm's 4x4 backward ahead of PyTorch's; maps of 32
     values 0.90, of 128 0.98 (and this item compiled with the flags as constants: 0.78). Not taken, for the compile
-    time: as an item of its own the loop took the cold compile of the rows' backward (both dtypes, one process) from
-    29.6-29.9 s to 32.2-33.7, inside this loop 32.9-35.8, and every kernel from 55.2 s to 58.3 (median of 2
-    rounds, ``benchmarks/compile_time.py``), against the 60 s that issue 4 allows.
+    time (``benchmarks/compile_time.py``), against the 60 s that issue 4 allows for every kernel: inside this item the
+    loop took the cold compile of the rows' backward (both dtypes, one process) from 29.6-29.9 s to 32.9-35.8, and of
+    every kernel from 55.2 s to 58.3 (medians of 2 rounds); as an item of its own 32.2-33.7, and every kernel from
+    58.0 to 60.8 (medians of 4 rounds, the machine slower that hour).
 
     (Rows of 8 KiB or more, where the float64 backward of 512x4096 moved 17-24 GB/s against 31-35 on rows of 1024
     values, in a pipeline one row deep, a piece of 4 KiB at a time: the sums of row n's piece from DRAM, then the dx
