@@ -181,7 +181,7 @@ def cmd_depth(args: argparse.Namespace) -> int:
         lr=args.lr,
         seed=args.seed,
     )
-    runs = run_experiment(cfg)
+    runs = run_experiment(cfg, progress=not args.no_progress)
     print(format_table(runs, cfg))
     if args.json:
         with open(args.json, "w") as f:
@@ -335,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-steps", type=int, default=0, help="measure after this many AdamW steps (default 0: at init)"
     )
     depth.add_argument("--lr", type=float, default=1e-3, help="AdamW lr for --train-steps (default 1e-3)")
+    depth.add_argument("--no-progress", action="store_true", help="no progress bar")
     _model_args(depth, d_model=64, heads=4, d_ff=256, batch_size=16)
     depth.set_defaults(run=cmd_depth)
     return parser

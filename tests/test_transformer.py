@@ -470,6 +470,16 @@ def test_steps_per_second_leave_out_the_first_step(monkeypatch) -> None:
 TINY_MODEL = "--d-model 16 --d-ff 32 --heads 2".split()
 
 
+def test_depth_shows_its_progress_unless_told_not_to(capsys) -> None:
+    """``depth`` prints nothing until its table (14 s for the default command): a progress bar over its runs on
+    stderr says how far it is, and --no-progress leaves stderr empty."""
+    assert main(["depth", "--layers", "1", "2", "--mode", "pre", "post", "--batch-size", "2"] + TINY_MODEL) == 0
+    err = capsys.readouterr().err
+    assert "depth" in err and "4/4" in err
+    assert main(["depth", "--layers", "1", "--batch-size", "2", "--no-progress"] + TINY_MODEL) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_cli_train_and_depth(tmp_path, capsys) -> None:
     out = tmp_path / "train.json"
     args = ["train", "--steps", "3", "--layers", "1", "--no-progress", "--mode", "pre", "post", "--json", str(out)]
