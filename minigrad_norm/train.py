@@ -167,10 +167,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
         token_acc,
         seq_acc,
         1.0 / cfg.n_symbols,
-        seconds,
-        first_done - start,
-        steps_per_second,
-        loss_curve(losses),
+        seconds=seconds,
+        first_step_seconds=first_done - start,
+        steps_per_second=steps_per_second,
+        curve=loss_curve(losses),
     )
 
 
