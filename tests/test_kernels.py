@@ -778,11 +778,13 @@ def _with_non_finite(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reduce_batch", [False, True])
 @pytest.mark.parametrize("where", ["x", "dy", "weight"])
-@pytest.mark.parametrize("shape", [(5, 4, 3, 7), (40, 4, 1, 7)])
+@pytest.mark.parametrize("shape", [(5, 4, 3, 7), (40, 4, 1, 7), (6, 3, 1, 600), (4, 2, 3, 600)])
 def test_nan_inf_propagate_like_the_reference(dtype, reduce_batch, where, shape):
     """NaN and +-inf in the input give the reference's NaN/inf pattern in every output and gradient,
-    with computed statistics and with given (eval) statistics, so no fastmath flag broke them. (With
-    ``reduce_batch`` the second view, short runs, takes the columns kernels.)"""
+    with computed statistics and with given (eval) statistics, so no fastmath flag broke them, and no
+    sum over a run of one weight taken as the weight times sum(dy) hid the NaN of inf * dy. (With
+    ``reduce_batch`` the second view, short runs, takes the columns kernels; the first two views go as rows
+    without it, the last two as blocks: InstanceNorm's in pairs, GroupNorm's runs, BatchNorm's channels.)"""
     rng = np.random.default_rng(2)
     x = rng.standard_normal(shape).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)

@@ -12,6 +12,8 @@ forward, for each group (a block, or the N blocks of a channel):
 backward, for each group:
     pass 1  A = sum(dy * w),  B = sum(dy * w * xhat)   (and, per (g, k), sum(dy), sum(dy * xhat))
     pass 2  dx = ((dxhat - xhat * B/m) - A/m) * rstd
+(over a run of one finite weight w, A and B as w * sum(dy) and w * sum(dy * xhat): two sums per value, not
+four; see ``_run_dy_sums``)
 (a row of its own statistics, LayerNorm's and RMSNorm's, adds its dweight/dbias terms dy * xhat and
 dy per value in pass 2 instead, from L1, in x's dtype: see ``_dx_row_affine`` and ``_fold_terms``)
 Passes 2 and 3 re-read a group that has just been read, from L1/L2 (a LayerNorm row,
@@ -570,7 +572,8 @@ def _dy_sums(dy, x, m, has_mask, wk, mu, r):
 @_helper
 def _row_dy_sums(dy, x, mu, r):
     """sum(dy) and sum(dy * xhat) over a row whose weight is one value w (InstanceNorm's small maps taken as
-    rows): the row's dbias and dweight terms, and, times w, the sums of dxhat and dxhat * xhat that dx needs.
+    rows; and the runs of ``_run_dy_sums``): the row's dbias and dweight terms, and, times w, the sums of dxhat
+    and dxhat * xhat that dx needs.
     Two sums per value where ``_dy_sums`` takes four, and no mask: ``benchmarks/compare_kernels.py`` (the AMD
     Zen 4 VM) took the float32 backward on 4x4 maps (4096, 64, 1, 16) and on maps of 8 values 0.82-0.83 of the
     time from cold caches on 1 and 2 threads (0.84-0.88 hot); float64, whose rows there move twice the bytes,
@@ -587,14 +590,38 @@ def _row_dy_sums(dy, x, mu, r):
 
 
 @_helper
-def _dy_sums_pair(dya, xa, mu_a, r_a, dyb, xb, mu_b, r_b, wk):
-    """(_dy_sums(dya, xa, ...), _dy_sums(dyb, xb, ...)) for unmasked runs of equal length sharing the weight
-    wk, in one loop: four read streams at once."""
-    s = t = (0.0, 0.0, 0.0, 0.0)
+def _row_dy_sums_pair(dya, xa, mu_a, r_a, dyb, xb, mu_b, r_b):
+    """(_row_dy_sums(dya, xa, mu_a, r_a), _row_dy_sums(dyb, xb, mu_b, r_b)) for runs of equal length, in one
+    loop: four read streams at once."""
+    a = b = c = d = 0.0
     for i in range(dya.shape[0]):
-        s = _with_dy_terms(s, np.float64(dya[i]), (xa[i] - mu_a) * r_a, wk)
-        t = _with_dy_terms(t, np.float64(dyb[i]), (xb[i] - mu_b) * r_b, wk)
-    return s, t
+        p = np.float64(dya[i])
+        q = np.float64(dyb[i])
+        a += p
+        b += p * ((xa[i] - mu_a) * r_a)
+        c += q
+        d += q * ((xb[i] - mu_b) * r_b)
+    return (a, b), (c, d)
+
+
+@numba.njit(inline="always")
+def _run_dy_sums(dy, x, m, has_mask, wk, mu, r):
+    """``_dy_sums`` of a run of one weight wk: where the run is unmasked and wk finite, its two sums
+    (``_row_dy_sums``) and, times wk, the two that dx needs (a product that would hide the NaN the terms
+    make, inf * 0 and inf + -inf, is left to ``_dy_sums``, as in ``_column_dxhat_sums``). Each run of a block
+    has one weight (a GroupNorm run, an InstanceNorm block, a BatchNorm channel's block; the pairs of blocks
+    take the same two sums, ``_row_dy_sums_pair``).
+
+    Against the four sums per value of ``_dy_sums``, ``benchmarks/compare_kernels.py --floor`` (2 threads, the
+    AMD VM of CPU family 26, 32x64x56x56; two copies of the same code 0.95-1.04 apart) took the backward from
+    cold caches: float32 InstanceNorm 0.90, BatchNorm 0.80-0.82, GroupNorm (8 groups) 0.98-1.00, float64 0.94,
+    0.90-0.91 and 0.94-0.97; hot, float32 0.80-0.81, 0.78 and 0.90; and the cold compile of every kernel 0.99x
+    (``benchmarks/compile_time.py``, medians of 3 rounds). The rows' loop (``_backward_rows``) keeps its own
+    test of the weight: this function in its place took InstanceNorm's 4x4 maps 1.47-1.49 of the time."""
+    if has_mask or not math.isfinite(wk):
+        return _dy_sums(dy, x, m, has_mask, wk, mu, r)
+    a, b = _row_dy_sums(dy, x, mu, r)
+    return a, b, wk * a, wk * b
 
 
 # ---------------------------------------------------------------------------
@@ -739,7 +766,7 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
     B = 0.0
     n = n0
     while n < n1:
-        if K == 1 and not has_mask and n + 1 < n1:
+        if K == 1 and not has_mask and math.isfinite(w[0]) and n + 1 < n1:
             (wa, wb), (wc, wd) = _backward_sums_pair(dy3, x3, w, mu, r, mu, r, n, g, pdw, pdb, affine)
             A, B = A + wa + wc, B + wb + wd
             n += 2
@@ -747,7 +774,9 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
         xb = x3[n, g]
         dyb = dy3[n, g]
         for k in range(K):
-            a, b, wa, wb = _dy_sums(dyb[k * S : (k + 1) * S], xb[k * S : (k + 1) * S], mask2[n], has_mask, w[k], mu, r)
+            a, b, wa, wb = _run_dy_sums(
+                dyb[k * S : (k + 1) * S], xb[k * S : (k + 1) * S], mask2[n], has_mask, np.float64(w[k]), mu, r
+            )
             A += wa
             B += wb
             if affine:
@@ -760,8 +789,9 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
 @numba.njit(error_model="numpy", inline="always")
 def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine):
     """The sums of ``_backward_sums`` for the unmasked blocks (n, g) and (n + 1, g) of one run each, with
-    statistics (mu_a, r_a) and (mu_b, r_b), in one pass over both (``_dy_sums_pair``): ((A, B) of the one,
-    (A, B) of the other).
+    statistics (mu_a, r_a) and (mu_b, r_b), in one pass over both (``_row_dy_sums_pair``; A and B as the
+    blocks' finite weight w[0] times their sums, see ``_run_dy_sums``): ((A, B) of the one, (A, B) of the
+    other).
 
     From DRAM, a pass over one block's x and dy waits at each block's start for the hardware prefetcher
     to catch up; over two blocks it has four streams in flight. ``benchmarks/compare_kernels.py --cold``
@@ -769,15 +799,14 @@ def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine
     the float32 InstanceNorm backward 0.90-0.99 of the time, BatchNorm 0.94-0.99, float64 0.94-0.95 and
     0.92-0.94 (the least gained where the memory was slowest); hot 0.97-0.99 (8x64x56x56, inside the L3:
     1.03-1.04). The same as the forward's pairs (``_forward_groups``), for the same reason."""
-    (a, b, wa, wb), (c, d, wc, wd) = _dy_sums_pair(
-        dy3[n, g], x3[n, g], mu_a, r_a, dy3[n + 1, g], x3[n + 1, g], mu_b, r_b, w[0]
-    )
+    (a, b), (c, d) = _row_dy_sums_pair(dy3[n, g], x3[n, g], mu_a, r_a, dy3[n + 1, g], x3[n + 1, g], mu_b, r_b)
     if affine:
         pdw[0] += b
         pdb[0] += a
         pdw[0] += d
         pdb[0] += c
-    return (wa, wb), (wc, wd)
+    wk = np.float64(w[0])
+    return (wk * a, wk * b), (wk * c, wk * d)
 
 
 @numba.njit(error_model="numpy", inline="always")
@@ -1281,7 +1310,7 @@ def _backward_groups(
     wg, mask2, pw, pb = _borrowed(wg), _borrowed(mask2), _borrowed(pw), _borrowed(pb)
     N = x3.shape[0]
     kp, sp = _stream_pieces(K, S, scratch)
-    pairs = not reduce_batch and K == 1 and not has_mask and not fixed
+    pairs = not reduce_batch and K == 1 and not has_mask and not fixed and math.isfinite(wg[0])
     blocks = 1 if reduce_batch else n_last - n_first
     pair_sums = ((0.0, 0.0), (0.0, 0.0))
     for j in range(blocks):
