@@ -951,8 +951,32 @@ def format_report(report: Report, markdown: bool = False) -> str:
     return "\n".join(parts)
 
 
+PLAIN_LABEL = "plain kernels, same bytes"
+STREAM_LABEL = "STREAM triad"
+
+
+def sweep_lines(report: Report) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]]]:
+    """What ``plot`` draws of the size sweep: MiB moved per row, and by label the median ms and the GB/s of each
+    implementation timed at every size; beside them the yardsticks, per size as timed in that size's rounds:
+    the plain kernels moving the same bytes (``PLAIN``; in the L2 and L3 they run faster than from DRAM, as
+    the norms do) and STREAM's triad on all threads (GB/s only)."""
+    sweep = report.sweep
+    sizes = [r.bytes / 2**20 for r in sweep]
+    ms, gbps = {}, {}
+    for impl in ("numpy", "numba", "numba out=", "torch"):
+        if sweep and all(impl in r.ms for r in sweep):
+            ms[impl] = [r.ms[impl] for r in sweep]
+            gbps[impl] = [r.gbps(impl) for r in sweep]
+    if sweep and all(impl in r.ms for r in sweep for impl in PLAIN[r.direction]):
+        ms[PLAIN_LABEL] = [sum(r.ms[impl] for impl in PLAIN[r.direction]) for r in sweep]
+        gbps[PLAIN_LABEL] = [r.bytes / (t * 1e-3) / 1e9 for r, t in zip(sweep, ms[PLAIN_LABEL])]
+    if sweep and all("triad" in r.stream for r in sweep):
+        gbps[STREAM_LABEL] = [r.stream["triad"] for r in sweep]
+    return sizes, ms, gbps
+
+
 def plot(report: Report, path: str) -> None:
-    """Time and GB/s against bytes moved, for the size sweep (matplotlib, optional)."""
+    """Time and GB/s against bytes moved, for the size sweep (``sweep_lines``; matplotlib, optional)."""
     try:
         import matplotlib
 
@@ -961,19 +985,17 @@ def plot(report: Report, path: str) -> None:
     except ImportError as e:
         raise RuntimeError("bench --plot needs matplotlib (pip install minigrad_norm[plot])") from e
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(11, 4))
-    sizes = [r.bytes / 2**20 for r in report.sweep]
-    for impl in ("numpy", "numba", "numba out=", "torch"):
-        ms = [r.ms.get(impl) for r in report.sweep]
-        if all(v is not None for v in ms):
-            ax_t.loglog(sizes, ms, "o-", label=impl)
-            ax_bw.semilogx(sizes, [r.gbps(impl) for r in report.sweep], "o-", label=impl)
-    for k, v in report.stream.items():
-        ax_bw.axhline(v, ls=":", lw=1, color="gray")
-        ax_bw.annotate(f"STREAM {k}", (sizes[0] if sizes else 1, v), fontsize=7, color="gray")
+    sizes, ms, gbps = sweep_lines(report)
+    style = {PLAIN_LABEL: dict(ls="--", color="gray"), STREAM_LABEL: dict(ls=":", color="black")}
+    for label, values in ms.items():
+        ax_t.loglog(sizes, values, **style.get(label, dict(marker="o")), label=label)
+    for label, values in gbps.items():
+        ax_bw.semilogx(sizes, values, **style.get(label, dict(marker="o")), label=label)
     ax_t.set(xlabel="MiB moved (fwd+bwd, 5 |x|)", ylabel="median ms", title="LayerNorm D=1024 fwd+bwd, float32")
-    ax_bw.set(xlabel="MiB moved", ylabel="effective GB/s", title="bandwidth")
-    ax_t.legend()
-    fig.tight_layout()
+    ax_bw.set(xlabel="MiB moved", ylabel="effective GB/s", title="bandwidth (yardsticks timed in the same rounds)")
+    # one legend for both panels, below them: inside, it hid the lines at one size or another
+    fig.legend(*ax_bw.get_legend_handles_labels(), loc="lower center", ncol=len(gbps), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -811,6 +811,32 @@ def test_bench_compares_each_direction_with_plain_kernels_of_the_same_bytes():
     assert "% plain x" in table and " 125 " in table
 
 
+def test_bench_plot_draws_each_sizes_yardsticks_from_its_own_rounds(tmp_path):
+    """The sweep plot's lines (made-up times, in ms): the plain kernels' line is copy x + triad x of each size, in
+    ms and in GB/s of the row's bytes; STREAM's triad is each row's own; an implementation missing at one size
+    (torch, not installed) is left out, not drawn with a gap."""
+    stream = [{"copy": 20.0, "triad": 30.0}, {"copy": 25.0, "triad": 35.0}]
+    ms = [
+        {"numpy": 8.0, "numba": 2.0, "numba out=": 1.5, "copy x": 0.5, "triad x": 0.75, "torch": 3.0},
+        {"numpy": 16.0, "numba": 4.0, "numba out=": 3.0, "copy x": 1.0, "triad x": 1.5},
+    ]
+    sweep = [
+        bench.Row("layer_norm", (n, 1024), "float32", "fwd+bwd", 5 * n * 4096, t, st)
+        for n, t, st in zip((256, 512), ms, stream)
+    ]
+    report = bench.Report({}, {}, [], sweep, {}, False)
+    sizes, times, gbps = bench.sweep_lines(report)
+    assert sizes == [5.0, 10.0]
+    assert set(times) == {"numpy", "numba", "numba out=", bench.PLAIN_LABEL}
+    assert times[bench.PLAIN_LABEL] == [1.25, 2.5]
+    assert gbps[bench.PLAIN_LABEL] == pytest.approx([5 * 2**20 / 1.25e-3 / 1e9, 10 * 2**20 / 2.5e-3 / 1e9])
+    assert gbps[bench.STREAM_LABEL] == [30.0, 35.0]
+    assert gbps["numba out="] == pytest.approx([5 * 2**20 / 1.5e-3 / 1e9, 10 * 2**20 / 3e-3 / 1e9])
+    pytest.importorskip("matplotlib", reason="plots need the 'plot' extra")
+    bench.plot(report, str(tmp_path / "sweep.png"))
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
 def test_bench_says_what_2x_pytorch_would_take_where_it_is_missed():
     """For each DRAM-sized fwd+bwd row below 2x PyTorch, the summary gives twice PyTorch's own rate in
     % of the triad timed with that row (above 100%: more than the kernels' ordinary stores can move) and of
