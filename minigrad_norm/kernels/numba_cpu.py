@@ -1311,7 +1311,9 @@ def _backward_groups(
 
     (A streamed BatchNorm backward prefetching the next channel's blocks into L2 while it writes this one's dx,
     as ``_block_ahead`` in the forward: ``benchmarks/compare_kernels.py --cold`` (2 threads, the AMD Zen 4 VM,
-    32x64x56x56) took float32 1.07 of the time with x and dy prefetched, 1.03 with x alone; float64 1.00.)"""
+    32x64x56x56) took float32 1.07 of the time with x and dy prefetched, 1.03 with x alone; float64 1.00. An
+    InstanceNorm backward prefetching the next pair's x and dy blocks so, on the AMD VM of CPU family 26: float32
+    1.03-1.04, where two copies of the same code read 0.99-1.01 apart.)"""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     wg, mask2, pw, pb = _borrowed(wg), _borrowed(mask2), _borrowed(pw), _borrowed(pb)
     N = x3.shape[0]
