@@ -764,7 +764,8 @@ def _scratch_len(L, S, rows, itemsize):
 def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb, affine):
     """A = sum(dxhat), B = sum(dxhat * xhat) over x3[n0:n1, g] (valid positions), adding (with
     ``affine``) sum(dy * xhat) and sum(dy) per k into the partial buffers pdw, pdb. Unmasked blocks of
-    one run each (a BatchNorm channel's) go two at a time (``_backward_sums_pair``)."""
+    one run each with a finite weight (a BatchNorm channel's) go two at a time (``_backward_sums_pair``), other
+    runs one at a time (``_run_dy_sums``)."""
     A = 0.0
     B = 0.0
     n = n0
