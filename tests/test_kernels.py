@@ -802,6 +802,26 @@ def test_nan_inf_propagate_like_the_reference(dtype, reduce_batch, where, shape)
             check_case({**case, "centered": centered, "eval_stats": eval_stats})
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the inf given
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reduce_batch", [False, True])
+@pytest.mark.parametrize("shape", [(6, 2, 3, 2), (6, 3, 1, 600), (4, 2, 3, 600)])
+def test_an_infinite_weight_beside_masked_out_positions_follows_the_reference(dtype, reduce_batch, shape):
+    """A masked-out position is no term of any sum: not dy * w = 0 * inf = NaN where the weight is infinite,
+    which made NaN of every dx of its group where the reference has +-inf (a group with one valid value of an
+    infinite weight's run)."""
+    rng = np.random.default_rng(4)
+    x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    w = rng.standard_normal(shape[1:3]).astype(dtype)
+    w[0, 0] = np.inf
+    mask = rng.random((shape[0], shape[3])) < 0.5
+    mask[:, 0] = True  # every block has a valid value
+    if shape[3] == 2:
+        mask[:, 1] = False  # and one valid value per run: the group's sums are +-inf, not NaN
+    case = dict(x=x, dy=dy, weight=w, bias=None, reduce_batch=reduce_batch, mask=mask, need_affine_grads=True)
+    check_case({**case, "centered": True, "eval_stats": False})
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reduce_batch", [False, True])

@@ -559,13 +559,13 @@ def _with_dy_terms(s, dy, xh, wk):
 @_helper
 def _dy_sums(dy, x, m, has_mask, wk, mu, r):
     """Over a run of S values sharing the weight wk: sum(dy) and sum(dy * xhat) for dbias/dweight,
-    sum(dxhat) and sum(dxhat * xhat) for dx (dxhat = dy * wk), like the reference: masked-out
-    positions count as dy = xhat = 0, so whatever they hold (even NaN) reaches no sum."""
+    sum(dxhat) and sum(dxhat * xhat) for dx (dxhat = dy * wk), like the reference: a masked-out
+    position is no term, so whatever it holds (even NaN) reaches no sum. (Not a term dy = 0: that made
+    dxhat = 0 * wk NaN for an infinite weight, and NaN every dx of its group where the reference has +-inf.)"""
     s = (0.0, 0.0, 0.0, 0.0)
     for i in range(dy.shape[0]):
-        valid = not has_mask or m[i]
-        xh = (x[i] - mu) * r if valid else 0.0
-        s = _with_dy_terms(s, np.float64(dy[i]) if valid else 0.0, xh, wk)
+        if not has_mask or m[i]:
+            s = _with_dy_terms(s, np.float64(dy[i]), (x[i] - mu) * r, wk)
     return s
 
 
