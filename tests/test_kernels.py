@@ -104,11 +104,14 @@ def float32_bounds(case: dict, mean: np.ndarray, var: np.ndarray, fixed: bool) -
 
 
 @st.composite
-def cases(draw, max_side: int = 9, long_rows: bool = False, short_run_batch_norm: bool = False):
+def cases(
+    draw, max_side: int = 9, long_rows: bool = False, short_run_batch_norm: bool = False, non_finite: bool = False
+):
     """A norm problem on the (N, G, K, S) view, with every option of the kernels; with ``long_rows``
     small N, G, K and a spatial extent S of thousands (one long group per (n, g)); with
     ``short_run_batch_norm`` a BatchNorm in runs shorter than COLUMNS_MAX_RUN_BYTES (the columns kernels), of up
-    to 80 samples (1 to 5 row chunks), in runs of one value maybe with a mask of whole rows."""
+    to 80 samples (1 to 5 row chunks), in runs of one value maybe with a mask of whole rows; with ``non_finite``
+    one to three NaN, inf or -inf in x, dy or the weight (NaN in the bias alone makes NaN of y alone)."""
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     shape = tuple(draw(st.integers(1, max_side)) for _ in range(3)) + (draw(st.integers(300, 3000)),)
     if not long_rows:
@@ -135,9 +138,16 @@ def cases(draw, max_side: int = 9, long_rows: bool = False, short_run_batch_norm
     if (not short_run_batch_norm or S == 1) and draw(st.booleans()):
         mask = rng.random((N, S)) < (draw(st.sampled_from([0.7, 0.1])) if short_run_batch_norm else 0.7)
         mask[0, 0] = True  # at least one valid value in the first group
+    dy = rng.standard_normal(shape).astype(dtype)
+    if non_finite:
+        where = draw(st.sampled_from(["x", "dy"] + (["weight"] if weight is not None else [])))
+        a = {"x": x, "dy": dy, "weight": weight}[where].copy()  # (a strided x made contiguous: the case is the values)
+        values = draw(st.lists(st.sampled_from([np.nan, np.inf, -np.inf]), min_size=1, max_size=min(3, a.size)))
+        a.flat[rng.choice(a.size, size=len(values), replace=False)] = values
+        x, dy, weight = (a if where == name else v for name, v in (("x", x), ("dy", dy), ("weight", weight)))
     return dict(
         x=x,
-        dy=rng.standard_normal(shape).astype(dtype),
+        dy=dy,
         weight=weight,
         bias=bias,
         centered=draw(st.booleans()),
@@ -191,6 +201,20 @@ def check_case(case: dict) -> None:
 @pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")  # an all-masked group
 @given(cases())
 def test_numba_equals_reference(case):
+    check_case(case)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
+@given(
+    st.one_of(
+        cases(non_finite=True),
+        cases(long_rows=True, non_finite=True),
+        cases(max_side=40, short_run_batch_norm=True, non_finite=True),
+    )
+)
+def test_numba_equals_reference_with_non_finite_values(case):
+    """NaN, inf and -inf anywhere in x, dy or the weight, beside every option (masks, given statistics, each
+    family of loops): the reference's NaN/inf pattern in every output, and its values where both are finite."""
     check_case(case)
 
 
