@@ -1628,9 +1628,9 @@ def _column_dy_sums(dy2, x2, valid, has_mask, mu, r, n_first, n_last, acc):
 def _column_dxhat_sums(dy2, x2, valid, has_mask, mean1, rstd1, w1, S, sums):
     """sums[2, c] and sums[3, c], the sums of dxhat = dy * w[c] and dxhat * xhat over channel c, from its sums of
     dy and dy * xhat in sums[0, c] and sums[1, c]: w[c] times them. Where w[c] is inf or NaN that product would
-    hide the NaN that the terms themselves make (inf * 0, inf + -inf), so the channel is summed term by term,
-    as ``_dy_sums`` forms the terms everywhere else: the reference's NaN/inf pattern, on a path taken by no
-    finite weight."""
+    hide the NaN that the terms themselves make (inf * 0, inf + -inf), so the channel is summed term by term
+    (``_dy_sums``): the reference's NaN/inf pattern, on a path taken by no finite weight. The blocks' runs of one
+    weight do the same (``_run_dy_sums``)."""
     no_mask = np.empty(0, np.bool_)
     for c in range(w1.shape[0]):
         wc = np.float64(w1[c])
