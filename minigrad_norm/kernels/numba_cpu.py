@@ -548,25 +548,23 @@ def _row_dx_sums(dy, x, w, mu, r):
     return a, b
 
 
-@numba.njit(inline="always")
-def _with_dy_terms(s, dy, xh, wk):
-    """The four sums s of ``_dy_sums`` with one more value's terms: dy, dy * xhat, dxhat and dxhat * xhat
-    (dxhat = dy * wk)."""
-    dxh = dy * wk
-    return s[0] + dy, s[1] + dy * xh, s[2] + dxh, s[3] + dxh * xh
-
-
 @_helper
 def _dy_sums(dy, x, m, has_mask, wk, mu, r):
     """Over a run of S values sharing the weight wk: sum(dy) and sum(dy * xhat) for dbias/dweight,
     sum(dxhat) and sum(dxhat * xhat) for dx (dxhat = dy * wk), like the reference: a masked-out
     position is no term, so whatever it holds (even NaN) reaches no sum. (Not a term dy = 0: that made
     dxhat = 0 * wk NaN for an infinite weight, and NaN every dx of its group where the reference has +-inf.)"""
-    s = (0.0, 0.0, 0.0, 0.0)
+    a = b = c = d = 0.0
     for i in range(dy.shape[0]):
         if not has_mask or m[i]:
-            s = _with_dy_terms(s, np.float64(dy[i]), (x[i] - mu) * r, wk)
-    return s
+            dyi = np.float64(dy[i])
+            xh = (x[i] - mu) * r
+            dxh = dyi * wk
+            a += dyi
+            b += dyi * xh
+            c += dxh
+            d += dxh * xh
+    return a, b, c, d
 
 
 @_helper
