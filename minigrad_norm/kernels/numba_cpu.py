@@ -590,7 +590,11 @@ def _row_dy_sums(dy, x, mu, r):
 @_helper
 def _row_dy_sums_pair(dya, xa, mu_a, r_a, dyb, xb, mu_b, r_b):
     """(_row_dy_sums(dya, xa, mu_a, r_a), _row_dy_sums(dyb, xb, mu_b, r_b)) for runs of equal length, in one
-    loop: four read streams at once."""
+    loop: four read streams at once.
+
+    (Summed in float32 over pieces of 64 values, xhat in float32 as in dx, the pieces' sums in float64: float32
+    InstanceNorm 32x64x56x56 backward 1.03-1.04 of the time cold, BatchNorm 1.07, twin 0.99-1.01 (2 threads, the
+    AMD VM of CPU family 26). Not taken: slower, and it would widen dx's bound.)"""
     a = b = c = d = 0.0
     for i in range(dya.shape[0]):
         p = np.float64(dya[i])
@@ -800,7 +804,13 @@ def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine
     (2 threads, the AMD VM of CPU family 26, 32x64x56x56, against one block at a time, five runs) took
     the float32 InstanceNorm backward 0.90-0.99 of the time, BatchNorm 0.94-0.99, float64 0.94-0.95 and
     0.92-0.94 (the least gained where the memory was slowest); hot 0.97-0.99 (8x64x56x56, inside the L3:
-    1.03-1.04). The same as the forward's pairs (``_forward_groups``), for the same reason."""
+    1.03-1.04). The same as the forward's pairs (``_forward_groups``), for the same reason.
+
+    (InstanceNorm's blocks paired with their neighbours in memory instead, (n, g) and (n, g + 1), in work items
+    of two channels, so that each pass reads one stretch of 2 L values of x and of dy: float32 32x64x56x56 1.01
+    of the time cold (1.07 without dweight/dbias), 8x64x56x56 1.03-1.06, 32x32x28x28 1.06, where the twin read
+    0.97-1.03 (2 threads, the AMD VM of CPU family 26): not taken. Nor in the rows' loop, which walks the blocks
+    one at a time in memory order (``_as_rows`` with blocks of up to 12.5 KiB): 1.08-1.15.)"""
     (a, b), (c, d) = _row_dy_sums_pair(dy3[n, g], x3[n, g], mu_a, r_a, dy3[n + 1, g], x3[n + 1, g], mu_b, r_b)
     if affine:
         pdw[0] += b
@@ -2228,6 +2238,9 @@ def _streams(buf: np.ndarray, out: np.ndarray | None, block: int, short_aligned_
     (12 MiB) 0.92-0.99 and 0.83-0.87; BatchNorm 16x64x56x56 (12 MiB) 0.86-0.90 and 0.87-0.88;
     GroupNorm 16x64x56x56 0.97-1.10 and 1.01; float64 LayerNorm 512x4096 (16 MiB) 0.90-0.95 and 0.95-0.96.
     At 4 MiB (float32 LayerNorm 256x4096) it still gained a little (0.89-0.93, backward 0.98-0.99).
+    On the AMD VM of CPU family 26 (Zen 5, 32 MiB of L3, the same threshold), from cold caches, into aligned
+    ``out``: float32 InstanceNorm, BatchNorm and GroupNorm 32x64x56x56 forward 0.84-0.86, backward 0.85-0.91,
+    LayerNorm 8192x1024 0.86 and 0.90 (one process, the threshold switched call by call).
 
     On the 2-core Intel (Emerald Rapids) VM, 260 MiB of L3 reported: a threshold of 24 MiB, the
     smallest size at which streaming gained there. Streaming into ``out`` took, of the time with
@@ -2300,7 +2313,9 @@ def _as_rows(
     (``compare_kernels.py --cold``, the AMD Zen 4 VM; backward, backward without dweight/dbias): runs of 256
     bytes, float32 (1024, 64, 1, 64) 0.53 with them, (512, 64, 1, 64) 0.60, float64 (2048, 64, 1, 32) 0.29, (512,
     64, 1, 32) 0.53; of 512 bytes float32 0.69 and 0.57, float64 0.62 and 0.54; of 1 KiB 0.71-0.81; of 2 KiB
-    0.71-0.88; of 4 KiB 0.93-1.05. Their forward as rows took runs of 256 bytes to 1 KiB 1.14-1.46 of the time."""
+    0.71-0.88; of 4 KiB 0.93-1.05; on the AMD VM of CPU family 26, float32 (16, 64, 1, 1024) 1.10-1.15, (32,
+    32, 1, 784) 1.06-1.08 and (32, 64, 1, 3136) 1.09-1.11. Their forward as rows took runs of 256 bytes to 1 KiB
+    1.14-1.46 of the time."""
     _, _, K, S = shape
     if not backward:
         max_run = ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN if K == 1 else ROWS_MAX_RUN_BYTES_FORWARD
