@@ -1034,9 +1034,9 @@ def selection(args: Any) -> tuple[list[Case], list[Case]]:
     return cases, sweep
 
 
-def main(args: Any) -> int:
-    """``minigrad-norm bench``: run, print the table, write the requested files."""
-    cases, sweep = selection(args)
+def main(args: Any, cases: list[Case], sweep: list[Case]) -> int:
+    """``minigrad-norm bench``: run ``cases`` and ``sweep`` (``selection(args)``), print the table, write the
+    requested files."""
     report = run(
         quick=args.quick,
         cases=cases,

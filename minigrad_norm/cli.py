@@ -207,14 +207,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from minigrad_norm import bench
 
     try:
-        bench.selection(args)
+        cases, sweep = bench.selection(args)
         error = _output_error(args, ["--json", "--markdown", "--plot"]) or _plot_error(args)
     except ValueError as e:  # (what selection refuses)
         error = str(e)
     if error:
         print(f"bench: {error}", file=sys.stderr)
         return 2
-    return bench.main(args)
+    return bench.main(args, cases, sweep)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:

@@ -702,7 +702,8 @@ def test_bench_command_compiles_every_kernel_of_its_dtypes_before_timing_anythin
     monkeypatch.setattr(bench, "format_report", lambda report, markdown=False: reports.append(report) or "")
     args = dict(json=None, markdown=None, plot=None, no_progress=True, no_startup=True, only=["layer_norm"])
     args.update(shape=None, groups=None, dtype=None, hot=False, argv=["bench", "--quick"])
-    assert bench.main(type("Args", (), {**args, "quick": True})) == 0
+    options = type("Args", (), {**args, "quick": True})
+    assert bench.main(options, *bench.selection(options)) == 0
     assert events[0] == ("compile", ["float32"]) and {e[0] for e in events[1:]} == {"time"}
     (report,) = reports
     assert list(report.startup) == [
