@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -930,6 +931,22 @@ def test_bench_summary_names_the_rows_below_each_bandwidth_target():
     assert "4x4" not in fwd and "1x1" not in fwd
     on_target = bench.target_summary(bench.Report({}, {}, [rows[1], rows[3]], [], {}, False))
     assert "  (below 70% of triad: none)" in on_target and "  (below 80% of copy: none)" in on_target
+
+
+def test_bench_summary_says_when_no_row_is_dram_sized():
+    """A run without DRAM-sized rows (--quick) measures none of the bandwidth and PyTorch targets: the summary
+    says so, rather than printing empty spans and "below 70% of triad: none", which would read as on target."""
+    ms = {"numpy": 30.0, "numba out=": 2.0, "numba": 2.0, "torch": 3.0}
+    small = bench.Row("layer_norm", (4, 4), "float32", "fwd+bwd", 2**20, ms, {"copy": 50.0, "triad": 50.0})
+    hot = dataclasses.replace(small, bytes=5 * 32 * 2**20, cold=False)  # big, but timed hot
+    for rows in ([small], [small, hot]):
+        lines = bench.target_summary(bench.Report({}, {}, rows, [], {}, False))
+        assert lines[0].startswith("no DRAM-sized shape in this run (x of 16 MiB or more")
+        assert not any("below" in t or "at DRAM sizes" in t for t in lines)
+        assert lines[-1] == "numpy / numba out=, every listed shape and direction: 15.0x .. 15.0x; target >= 5x"
+    big = dataclasses.replace(small, bytes=5 * 32 * 2**20)
+    lines = bench.target_summary(bench.Report({}, {}, [big], [], {}, False))
+    assert not any("no DRAM-sized shape" in t for t in lines) and "  (below 70% of triad: none)" in lines
 
 
 def test_bench_summary_gives_the_fractions_without_the_norms_that_read_x_twice():
