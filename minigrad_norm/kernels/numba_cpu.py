@@ -701,7 +701,11 @@ def _normalize_row(xb, yb, w, b, has_b, mu, r):
 @numba.njit(error_model="numpy", inline="always")
 def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
     """``_normalize_row`` on one (n, g) block of K runs of S values, the weight and bias per run; 0
-    where masked out."""
+    where masked out.
+
+    (With rstd * w taken once per run, in float64 and rounded, one multiplication a value fewer: float32
+    InstanceNorm, BatchNorm and GroupNorm 32x64x56x56 forward 0.98 of the time cold on 2 threads, 8x64x56x56
+    0.99-1.00 hot on one, where the twin read 0.99-1.01 (the AMD VM of CPU family 26): not taken.)"""
     if S == 1:
         _normalize_row(xb, yb, w, b, has_b, mu, r)
     else:
