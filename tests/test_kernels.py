@@ -377,17 +377,20 @@ def test_rows_of_several_groups_split_inside_a_sample(dtype, centered, eval_stat
 @pytest.mark.parametrize("centered", [True, False])
 @pytest.mark.parametrize("eval_stats", [False, True])
 @pytest.mark.parametrize("reduce_batch", [False, True])
-@pytest.mark.parametrize("view", [(65, 2, 5, 520), (65, 2, 1, 520)])
+@pytest.mark.parametrize("view", [(65, 2, 5, 520), (65, 2, 1, 520), (47, 7, 3, 520)])
 def test_blocks_in_pairs_and_alone(dtype, centered, eval_stats, reduce_batch, view):
-    """Blocks (InstanceNorm/GroupNorm, S > 1): 65 samples of 2 groups are 130 blocks, 3 per forward work
-    item, so the forward takes a pair of blocks (straddling two samples in every other item) and one
-    alone. With given statistics it takes no pairs. Blocks of one run (K == 1: InstanceNorm) have their
-    backward sums taken in pairs too: the backward's work items hold 3 samples of a group (a pair and
-    one alone) or 2, and a BatchNorm channel (reduce_batch) 32 pairs and one alone. The offset of the
-    second group tests each block's mean on its own. (Runs of 520 values: shorter ones are taken as rows.)"""
+    """Blocks (InstanceNorm/GroupNorm, S > 1) go in work items of consecutive blocks: 65 samples of 2 groups are
+    130 blocks, 3 to an item (47 samples of 7 groups: 329 blocks, 6 or 5 to an item), so that items straddle
+    samples. The forward takes two blocks in pairs and the third alone (with given statistics, no pairs), the
+    backward one at a time, with partial rows of every group per item; a BatchNorm channel (reduce_batch) sums
+    its 65 blocks in 32 pairs and one alone. Every block has a mean and a spread of its own and every (group,
+    run) a weight of its own, so that a block normalized or differentiated with another's statistics, weight or
+    partial row fails. (Runs of 520 values: shorter ones are taken as rows.)"""
     assert not numba_cpu._as_rows(view, np.dtype(dtype).itemsize, reduce_batch, None, backward=True, dweight=True)
     rng = np.random.default_rng(10)
-    x = (rng.standard_normal(view) + np.array([2.0, -300.0])[:, None, None]).astype(dtype)
+    N, G, _, _ = view
+    offsets, scales = rng.uniform(-300, 300, (N, G, 1, 1)), rng.uniform(0.5, 4.0, (N, G, 1, 1))
+    x = (rng.standard_normal(view) * scales + offsets).astype(dtype)
     w = rng.standard_normal(view[1:3]).astype(dtype)
     dy = rng.standard_normal(x.shape).astype(dtype)
     case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), reduce_batch=reduce_batch, mask=None)
@@ -422,14 +425,18 @@ def test_long_blocks_take_their_statistics_piece_by_piece(dtype, centered, non_f
     check_case({**case, "eval_stats": False, "centered": centered, "need_affine_grads": True})
 
 
-def test_the_backward_items_of_the_pairs_test_hold_pairs_and_blocks_alone():
-    """What ``test_blocks_in_pairs_and_alone`` relies on: its K == 1 view's backward items (chunks of
-    samples) hold 3 samples, a pair and one alone, or 2."""
-    N, G = 65, 2
-    n_chunks = numba_cpu._n_chunks(N, G, 520, reduce_batch=False, has_mask=False)
-    per_chunk = -(-N // n_chunks)
-    sizes = {min(N, c * per_chunk + per_chunk) - c * per_chunk for c in range(n_chunks) if c * per_chunk < N}
-    assert sizes == {3, 2}
+def test_the_work_items_of_the_pairs_test_hold_pairs_and_blocks_alone():
+    """What ``test_blocks_in_pairs_and_alone`` relies on: the forward's and the backward's work items over its
+    views' N * G blocks hold 3 blocks (and 1: 130 blocks) or 6 (and 5: 329), in runs that straddle samples."""
+
+    def sizes(blocks: int, items: int) -> set[int]:
+        per = -(-blocks // items)
+        return {min(blocks, first + per) - first for first in range(0, blocks, per)}
+
+    for (N, G), want in [((65, 2), {3, 1}), ((47, 7), {6, 5})]:
+        forward_items, _ = numba_cpu._work_items(N * G, False)
+        backward_items = numba_cpu._n_chunks(N, G, 520, reduce_batch=False, has_mask=False)
+        assert sizes(N * G, forward_items) == sizes(N * G, backward_items) == want
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

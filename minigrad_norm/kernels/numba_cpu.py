@@ -70,21 +70,20 @@ Design points, each one tested in ``tests/test_kernels.py``:
   ``contract``...) is used anywhere, and no fused multiply-add, so NaN/inf propagate as
   in the reference (tested with NaN/inf in x, dy and the weight). ``error_model="numpy"``: 0/0 gives NaN (an
   all-masked group), not ZeroDivisionError.
-* Parallel with ``prange`` over 64 runs of consecutive blocks (forward; a channel each with
-  ``reduce_batch``) or over row chunks and groups (backward), each item's loop a function of
-  its own (``_forward_rows``...). Blocks that are rows with their own statistics (LayerNorm,
-  RMSNorm) take loops of their own, which LLVM compiles to much less per-row work than the
-  general ones (half the time on 64-128 value rows), in kernels of their own (a LayerNorm compiles
-  none of the other blocks' loops); so do the blocks of short runs
-  (InstanceNorm and GroupNorm on small maps), with the weight repeated over each run
-  (``_as_rows``). On Intel CPUs the forward row loop prefetches short
-  rows (see ``_rows_ahead``); the forward of other blocks computes their statistics two blocks at
-  a time (see ``_forward_groups``; the backward of blocks of one run takes its sums so too,
-  ``_backward_sums_pair``), blocks too long for L1 a piece at a time, each piece's two passes merged by
-  Chan's update (``_pair_moments``), and, when it streams its output, prefetches the next block into L2 while
-  it writes one (``_block_ahead``). The dweight/dbias sums over (n, s) go
-  through per-chunk float64 partial buffers ``(n_chunks, G, K)``, summed at the end in
-  chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so
+* Parallel with ``prange`` over 64 runs of consecutive blocks (a channel each with ``reduce_batch``), forward
+  and backward alike, or over chunks of rows (the rows' backward), each item's loop a function of its own
+  (``_forward_rows``...).
+  Blocks that are rows with their own statistics (LayerNorm, RMSNorm) take loops of their own, which LLVM
+  compiles to much less per-row work than the general ones (half the time on 64-128 value rows), in kernels
+  of their own (a LayerNorm compiles none of the other blocks' loops); so do the blocks of short runs
+  (InstanceNorm and GroupNorm on small maps), with the weight repeated over each run (``_as_rows``). On
+  Intel CPUs the forward row loop prefetches short rows (see ``_rows_ahead``); the forward of other blocks
+  computes their statistics two blocks at a time (see ``_forward_groups``; the backward of a BatchNorm
+  channel's blocks takes its sums so too, ``_backward_sums_pair``), blocks too long for L1 a piece at a time,
+  each piece's two passes merged by Chan's update (``_pair_moments``), and, when it streams its output,
+  prefetches the next block into L2 while it writes one (``_block_ahead``). The dweight/dbias sums over (n, s)
+  go through per-chunk (per-item) float64 partial buffers ``(n_chunks, G, K)``, summed at the end in chunk
+  order. ``n_chunks`` depends only on the shape, never on the thread count, so
   the result is bit-identical on 1 or many threads.
 * BatchNorm in runs shorter than COLUMNS_MAX_RUN_BYTES (BatchNorm1d on (N, C): runs of one value), without a
   mask or with one of whole rows, takes kernels of its own, ``_columns_forward_kernel`` and
@@ -804,17 +803,18 @@ def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine
     other).
 
     From DRAM, a pass over one block's x and dy waits at each block's start for the hardware prefetcher
-    to catch up; over two blocks it has four streams in flight. ``benchmarks/compare_kernels.py --cold``
-    (2 threads, the AMD VM of CPU family 26, 32x64x56x56, against one block at a time, five runs) took
-    the float32 InstanceNorm backward 0.90-0.99 of the time, BatchNorm 0.94-0.99, float64 0.94-0.95 and
-    0.92-0.94 (the least gained where the memory was slowest); hot 0.97-0.99 (8x64x56x56, inside the L3:
-    1.03-1.04). The same as the forward's pairs (``_forward_groups``), for the same reason.
+    to catch up, and a channel's blocks lie C*S values apart, each a fresh start; over two blocks it has four
+    streams in flight. ``benchmarks/compare_kernels.py --cold`` (2 threads, the AMD VM of CPU family 26,
+    32x64x56x56, against one block at a time, five runs) took the float32 BatchNorm backward 0.94-0.99 of the
+    time, float64 0.92-0.94 (the least gained where the memory was slowest), and InstanceNorm's, when it walked
+    each channel's blocks so, 0.90-0.99 and 0.94-0.95; hot 0.97-0.99 (8x64x56x56, inside the L3: 1.03-1.04).
 
-    (InstanceNorm's blocks paired with their neighbours in memory instead, (n, g) and (n, g + 1), in work items
-    of two channels, so that each pass reads one stretch of 2 L values of x and of dy: float32 32x64x56x56 1.01
-    of the time cold (1.07 without dweight/dbias), 8x64x56x56 1.03-1.06, 32x32x28x28 1.06, where the twin read
-    0.97-1.03 (2 threads, the AMD VM of CPU family 26): not taken. Nor in the rows' loop, which walks the blocks
-    one at a time in memory order (``_as_rows`` with blocks of up to 12.5 KiB): 1.08-1.15.)"""
+    (InstanceNorm's blocks, in that channel walk, paired with their neighbours in memory instead, (n, g) and
+    (n, g + 1), in work items of two channels, so that each pass reads one stretch of 2 L values of x and of dy:
+    float32 32x64x56x56 1.01 of the time cold (1.07 without dweight/dbias), 8x64x56x56 1.03-1.06, 32x32x28x28
+    1.06, where the twin read 0.97-1.03. In the rows' loop, one at a time in memory order but with that loop's
+    own costs per row (``_as_rows`` with blocks of up to 12.5 KiB): 1.08-1.15. Walked in memory order by a loop
+    of their own, one at a time, they gained: see ``_backward_groups``.)"""
     (a, b), (c, d) = _row_dy_sums_pair(dy3[n, g], x3[n, g], mu_a, r_a, dy3[n + 1, g], x3[n + 1, g], mu_b, r_b)
     if affine:
         pdw[0] += b
@@ -1000,6 +1000,23 @@ def _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S):
             for s in range(S):
                 if not mrow[s]:
                     dxs[s] = 0.0
+
+
+@numba.njit(error_model="numpy", inline="always")
+def _dx_block_to(dyb, xb, dxb, scratch, stream, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S, kp, sp):
+    """``_dx_block`` into dxb, or with ``stream`` through ``scratch`` piece by piece, kp runs of sp values at a
+    time (``_stream_pieces``), each piece streamed out, as ``_forward_groups`` streams y."""
+    if stream:
+        for k in range(0, K, kp):
+            for j0 in range(0, S, sp):
+                j1 = min(S, j0 + sp)
+                lo, part = k * S + j0, scratch[: kp * (j1 - j0)]
+                hi = lo + part.shape[0]
+                wk, mk = w[k : k + kp], mrow[j0:j1]
+                _dx_block(dyb[lo:hi], xb[lo:hi], part, wk, mk, has_mask, mu, r, proj, mdx, fixed, kp, j1 - j0)
+                _stream_copy(part, dxb[lo:hi])
+    else:
+        _dx_block(dyb, xb, dxb, w, mrow, has_mask, mu, r, proj, mdx, fixed, K, S)
 
 
 # ---------------------------------------------------------------------------
@@ -1314,60 +1331,57 @@ def _backward_rows(
 
 @_item
 def _backward_groups(
-    dy3, x3, mean2, rstd2, wg, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pw, pb, g, K, S,
-    n_first, n_last, scratch, stream,
+    dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pw2, pb2, K, S, first,
+    last, scratch, stream,
 ):  # fmt: skip
-    """Backward of the groups of channel g: all N blocks as one (reduce_batch), or the blocks
-    n_first..n_last-1 one by one; dweight and dbias terms into the partial rows pw, pb. Unmasked blocks of
-    one run with statistics of their own (InstanceNorm) have their sums taken two at a time
-    (``_backward_sums_pair``).
+    """Backward of the groups q = first..last-1, as ``_forward_groups`` walks them: channels (reduce_batch:
+    BatchNorm, all N blocks as one) or (n, g) blocks one at a time in memory order; dweight and dbias terms into
+    the partial rows pw2[g], pb2[g].
+
+    From DRAM, the sums pass reads a block's x and dy right after the last block's, so that its two read streams run
+    on from block to block, as a copy's do, and the hardware prefetcher with them. Walked channel by channel instead
+    (a work item per chunk of samples and group, as before), each block was a fresh start, C*S values after the
+    last, and pairs of blocks (two streams each, ``_backward_sums_pair``, as BatchNorm's channels still take them)
+    won back only part of that: a pass that only sums x and dy of float32 InstanceNorm 32x64x56x56
+    (``_row_dy_sums_pair``) took 1.25 ms so from cold caches on 2 threads, 1.11 over pairs of neighbours in memory,
+    0.93 over pairs half an item apart, 0.85 over each item's memory in one stream (the AMD VM of CPU family 26).
+    Against the channel walk (InstanceNorm's blocks in pairs), ``benchmarks/compare_kernels.py --cold --floor`` (2
+    threads, the same VM, the twin 0.96-1.05) took the float32 InstanceNorm backward of 32x64x56x56 0.84-0.89 of the
+    time, 8x64x56x56 0.85-0.86, 16x64x32x32 0.80-0.82, 32x32x28x28 0.94-1.01, GroupNorm (8 groups) 32x64x56x56
+    0.95-1.06, 16x32x4x784 (groups of 4 channels of 28x28) 0.78-0.86; float64 0.92-0.97 and 0.95-1.01; hot on one
+    thread 0.81-1.00; BatchNorm's channels, unchanged, 1.00-1.01. The cold compile of the kernel, both dtypes, 13.3
+    and 15.3 s against 15.5 and 13.6. (Pairs half an item apart here, each pair's sums in one pass: InstanceNorm
+    float32 32x64x56x56 0.88-0.93 of the channel walk's time, GroupNorm float64 1.04-1.07, a pair of its 200 KiB
+    blocks too big for L2 (1 MiB) to hold until the dx pass: not taken. The same walk in an item function of its own
+    beside the channels': the cold compile of every kernel 1.24x, numba generating the items again for each parallel
+    loop.)
 
     (A streamed BatchNorm backward prefetching the next channel's blocks into L2 while it writes this one's dx,
     as ``_block_ahead`` in the forward: ``benchmarks/compare_kernels.py --cold`` (2 threads, the AMD Zen 4 VM,
-    32x64x56x56) took float32 1.07 of the time with x and dy prefetched, 1.03 with x alone; float64 1.00. An
-    InstanceNorm backward prefetching the next pair's x and dy blocks so, on the AMD VM of CPU family 26: float32
-    1.03-1.04, where two copies of the same code read 0.99-1.01 apart.)"""
+    32x64x56x56) took float32 1.07 of the time with x and dy prefetched, 1.03 with x alone; float64 1.00.)"""
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
-    wg, mask2, pw, pb = _borrowed(wg), _borrowed(mask2), _borrowed(pw), _borrowed(pb)
-    N = x3.shape[0]
+    w2, mask2, pw2, pb2 = _borrowed(w2), _borrowed(mask2), _borrowed(pw2), _borrowed(pb2)
+    N, G, _ = x3.shape
     kp, sp = _stream_pieces(K, S, scratch)
-    pairs = not reduce_batch and K == 1 and not has_mask and not fixed and math.isfinite(wg[0])
-    blocks = 1 if reduce_batch else n_last - n_first
-    pair_sums = ((0.0, 0.0), (0.0, 0.0))
-    for j in range(blocks):
-        n0 = 0 if reduce_batch else n_first + j
+    for q in range(first, last):
+        g = q if reduce_batch else q % G
+        n0 = 0 if reduce_batch else q // G
         n1 = N if reduce_batch else n0 + 1
-        mu = mean2[0 if reduce_batch else n0, g] if use_mean else 0.0
-        r = rstd2[0 if reduce_batch else n0, g]
+        wg, pw, pb = w2[g], pw2[g], pb2[g]
+        mu = mean2[n0, g] if use_mean else 0.0
+        r = rstd2[n0, g]
         proj = 0.0
         mdx = 0.0
-        paired = pairs and (j | 1) < blocks  # blocks j and j ^ 1 are both the item's
-        if paired and j % 2 == 0:
-            mu_b = mean2[n0 + 1, g] if use_mean else 0.0
-            pair_sums = _backward_sums_pair(dy3, x3, wg, mu, r, mu_b, rstd2[n0 + 1, g], n0, g, pw, pb, affine)
         if not fixed:
-            if paired:
-                A, B = pair_sums[j % 2]
-            else:
-                A, B = _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, affine)
+            A, B = _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, affine)
             count = _group_count(mask2, has_mask, n0, n1, K, S)
             proj = B / count
             mdx = A / count if use_mean else 0.0
         elif affine:  # only the dweight/dbias sums
             _backward_sums(dy3, x3, wg, mask2, has_mask, mu, r, n0, n1, g, K, S, pw, pb, True)
         for n in range(n0, n1):
-            if stream:  # piece by piece, as in _forward_groups
-                dys, xs, dxs, mrow = dy3[n, g], x3[n, g], dx3[n, g], mask2[n]
-                for k in range(0, K, kp):
-                    for j0 in range(0, S, sp):
-                        j1 = min(S, j0 + sp)
-                        lo, part = k * S + j0, scratch[: kp * (j1 - j0)]
-                        hi = lo + part.shape[0]
-                        wk, mk = wg[k : k + kp], mrow[j0:j1]
-                        _dx_block(dys[lo:hi], xs[lo:hi], part, wk, mk, has_mask, mu, r, proj, mdx, fixed, kp, j1 - j0)
-                        _stream_copy(part, dxs[lo:hi])
-            else:
-                _dx_block(dy3[n, g], x3[n, g], dx3[n, g], wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S)
+            dyb, xb, dxb = dy3[n, g], x3[n, g], dx3[n, g]
+            _dx_block_to(dyb, xb, dxb, scratch, stream, wg, mask2[n], has_mask, mu, r, proj, mdx, fixed, K, S, kp, sp)
 
 
 # ---------------------------------------------------------------------------
@@ -1948,18 +1962,27 @@ def _backward_groups_kernel(
     dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pdw, pdb, K, S, stream
 ):
     N, G, L = x3.shape
-    n_chunks = pdw.shape[0]
-    # work items: (chunk of blocks n, group g) pairs; with reduce_batch one chunk, a channel each
-    for i in prange(n_chunks * G):
-        c = i // G
-        g = i % G
-        pdw[c, g] = 0.0
-        pdb[c, g] = 0.0
-        n_first, n_last = _chunk(c, N, n_chunks)
+    # work items as the forward's: a channel each (reduce_batch; one chunk of partial rows, a row per channel), else
+    # runs of consecutive (n, g) blocks in memory order, each with partial rows of its own for all G groups
+    groups = G if reduce_batch else N * G
+    items = G if reduce_batch else pdw.shape[0]
+    per = (groups + items - 1) // max(items, 1)
+    for i in prange(items):
+        first = i * per
+        last = min(groups, first + per)
+        # (no ``0 if reduce_batch else i``: prange's index is unsigned, see _forward_groups_kernel)
+        if reduce_batch:
+            pw2, pb2 = pdw[0], pdb[0]
+            pw2[i] = 0.0
+            pb2[i] = 0.0
+        else:
+            pw2, pb2 = pdw[i], pdb[i]
+            pw2[:] = 0.0
+            pb2[:] = 0.0
         scratch = np.empty(_scratch_len(L, S, False, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
         _backward_groups(
-            dy3, x3, mean2, rstd2, w2[g], use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pdw[c, g],
-            pdb[c, g], g, K, S, n_first, n_last, scratch, stream,
+            dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pw2, pb2, K, S,
+            first, last, scratch, stream,
         )  # fmt: skip
         if stream:
             _store_fence()
@@ -2371,11 +2394,13 @@ def _moments_piece(L: int, itemsize: int) -> int:
 
 
 def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int:
-    """How many row chunks the backward and its dweight/dbias partial sums use: a function of the shape only
-    (never of the thread count), enough items to balance the threads, and few enough that
+    """How many row chunks (or work items) the backward and its dweight/dbias partial sums use: a function of the
+    shape only (never of the thread count), enough items to balance the threads, and few enough that
     the partial buffers (n_chunks * G * K) stay small next to the data (N * G * K * S).
 
-    Blocks take a work item per (chunk, group), so about _TARGET_ITEMS / G chunks. Rows (S = 1, no mask) take
+    Blocks take up to _TARGET_ITEMS work items of consecutive blocks in memory order, as the forward's
+    (``_backward_groups``), each with partial rows of all G groups: at most one per N * S // _MIN_TERMS_PER_CHUNK
+    values of a group, so that the partial buffers stay a sixteenth of the data or less. Rows (S = 1, no mask) take
     up to _TARGET_ITEMS chunks, and items of several groups (``_backward_rows_kernel``): with all G groups to an item
     they walk the rows in memory order. In items of one group, rows of one sample G * L values apart, a cache
     line held rows of two or more items, fetched once for each: the backward of InstanceNorm's blocks of 8
@@ -2393,7 +2418,7 @@ def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int
         return 1
     if _rows(S, has_mask, reduce_batch):
         return max(1, min(N, _TARGET_ITEMS, N // _MIN_ROWS_PER_CHUNK))
-    return max(1, min(N, -(-_TARGET_ITEMS // G), N * S // _MIN_TERMS_PER_CHUNK))
+    return max(1, min(N * G, _TARGET_ITEMS, N * S // _MIN_TERMS_PER_CHUNK))
 
 
 def norm_forward(
