@@ -815,7 +815,8 @@ def test_nan_inf_propagate_like_the_reference(dtype, reduce_batch, where, shape)
     with computed statistics and with given (eval) statistics, so no fastmath flag broke them, and no
     sum over a run of one weight taken as the weight times sum(dy) hid the NaN of inf * dy. (With
     ``reduce_batch`` the second view, short runs, takes the columns kernels; the first two views go as rows
-    without it, the last two as blocks: InstanceNorm's in pairs, GroupNorm's runs, BatchNorm's channels.)"""
+    without it, the last two as blocks: InstanceNorm's of one run, GroupNorm's of several, BatchNorm's channels
+    in pairs.)"""
     rng = np.random.default_rng(2)
     x = rng.standard_normal(shape).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)

@@ -813,7 +813,7 @@ def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine
     (n, g + 1), in work items of two channels, so that each pass reads one stretch of 2 L values of x and of dy:
     float32 32x64x56x56 1.01 of the time cold (1.07 without dweight/dbias), 8x64x56x56 1.03-1.06, 32x32x28x28
     1.06, where the twin read 0.97-1.03. In the rows' loop, one at a time in memory order but with that loop's
-    own costs per row (``_as_rows`` with blocks of up to 12.5 KiB): 1.08-1.15. Walked in memory order by a loop
+    own costs per row: slower too, see ``_as_rows``. Walked in memory order by a loop
     of their own, one at a time, they gained: see ``_backward_groups``.)"""
     (a, b), (c, d) = _row_dy_sums_pair(dy3[n, g], x3[n, g], mu_a, r_a, dy3[n + 1, g], x3[n + 1, g], mu_b, r_b)
     if affine:
@@ -1347,7 +1347,7 @@ def _backward_groups(
 
     From DRAM, the sums pass reads a block's x and dy right after the last block's, so that its two read streams run
     on from block to block, as a copy's do, and the hardware prefetcher with them. Walked channel by channel instead
-    (a work item per chunk of samples and group, as before), each block was a fresh start, C*S values after the
+    (a work item per chunk of samples and group), each block was a fresh start, C*S values after the
     last, and pairs of blocks (two streams each, ``_backward_sums_pair``, as BatchNorm's channels still take them)
     won back only part of that: a pass that only sums x and dy of float32 InstanceNorm 32x64x56x56
     (``_row_dy_sums_pair``) took 1.25 ms so from cold caches on 2 threads, 1.11 over pairs of neighbours in memory,
@@ -2350,7 +2350,8 @@ def _as_rows(
     (``compare_kernels.py --cold``, the AMD Zen 4 VM; backward, backward without dweight/dbias): runs of 256
     bytes, float32 (1024, 64, 1, 64) 0.53 with them, (512, 64, 1, 64) 0.60, float64 (2048, 64, 1, 32) 0.29, (512,
     64, 1, 32) 0.53; of 512 bytes float32 0.69 and 0.57, float64 0.62 and 0.54; of 1 KiB 0.71-0.81; of 2 KiB
-    0.71-0.88; of 4 KiB 0.93-1.05; on the AMD VM of CPU family 26, float32 (16, 64, 1, 1024) 1.10-1.15, (32,
+    0.71-0.88; of 4 KiB 0.93-1.05; on the AMD VM of CPU family 26, against the blocks then walked channel by
+    channel (see ``_backward_groups``), float32 (16, 64, 1, 1024) 1.10-1.15, (32,
     32, 1, 784) 1.06-1.08 and (32, 64, 1, 3136) 1.09-1.11. Their forward as rows took runs of 256 bytes to 1 KiB
     1.14-1.46 of the time."""
     _, _, K, S = shape
@@ -2406,8 +2407,8 @@ def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int
     the partial buffers (n_chunks * G * K) stay small next to the data (N * G * K * S).
 
     Blocks take up to _TARGET_ITEMS work items of consecutive blocks in memory order, as the forward's
-    (``_backward_groups``), each with partial rows of all G groups: at most one per N * S // _MIN_TERMS_PER_CHUNK
-    values of a group, so that the partial buffers stay a sixteenth of the data or less. Rows (S = 1, no mask) take
+    (``_backward_groups``), each with partial rows of all G groups, and at most N * S // _MIN_TERMS_PER_CHUNK of
+    them, so that the partial buffers stay a sixteenth of the data or less. Rows (S = 1, no mask) take
     up to _TARGET_ITEMS chunks, and items of several groups (``_backward_rows_kernel``): with all G groups to an item
     they walk the rows in memory order. In items of one group, rows of one sample G * L values apart, a cache
     line held rows of two or more items, fetched once for each: the backward of InstanceNorm's blocks of 8
