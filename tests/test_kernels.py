@@ -442,25 +442,34 @@ def test_the_work_items_of_the_pairs_test_hold_pairs_and_blocks_alone():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("centered", [True, False])
 @pytest.mark.parametrize("eval_stats", [False, True])
+@pytest.mark.parametrize("large_x", [False, True])
 @pytest.mark.parametrize(
     "view", [(1000, 3, 4, 3), (2000, 3, 2, 5), (20, 40, 2, 6), (2000, 3, 1, 5), (60, 4, 3, 30), (60, 4, 1, 30)]
 )
-def test_blocks_of_short_runs_as_rows(dtype, centered, eval_stats, view):
+def test_blocks_of_short_runs_as_rows(monkeypatch, dtype, centered, eval_stats, large_x, view):
     """GroupNorm and InstanceNorm blocks in short runs go to the row loops as rows with a weight and bias per
     value (``_as_rows``), their dweight and dbias summed over each run's positions after. The backward's work
     items: 62 chunks of samples and blocks of two groups and one ((1000, 3, ...)), 64 chunks of all three
     groups, the rows in memory order ((2000, 3, ...)), and one chunk of a group each ((20, 40, ...)); blocks of
-    one run (InstanceNorm, (2000, 3, 1, 5)) too. Runs of 30 values go as rows in the backward: float32 (120
-    bytes) with dweight/dbias or without, float64 (240 bytes) without, or with them in blocks of one run
-    (InstanceNorm's, whose terms are one per row); in the forward only float32 blocks of one run."""
+    one run (InstanceNorm, (2000, 3, 1, 5)) too. Runs of 30 values go as rows in the forward only in float32
+    blocks of one run. In the backward, for an x smaller than ROWS_LARGE_X_BYTES: float32 (120 bytes) with
+    dweight/dbias or without, float64 (240 bytes) without, or with them in blocks of one run (InstanceNorm's,
+    whose terms are one per row). For an x that large (``large_x``, every x here made so): blocks of one run as
+    before, blocks of several runs only float32 without dweight/dbias."""
+    monkeypatch.setattr(numba_cpu, "ROWS_LARGE_X_BYTES", 0 if large_x else 2**62)
     itemsize = np.dtype(dtype).itemsize
     forward, backward, backward_no_affine = (
         numba_cpu._as_rows(view, itemsize, False, None, backward=b, dweight=d)
         for b, d in ((False, False), (True, True), (True, False))
     )
-    assert backward_no_affine
-    assert forward == (view[3] < 30 or (view[2] == 1 and dtype == np.float32))
-    assert backward == (view[3] < 30 or dtype == np.float32 or view[2] == 1)
+    short, one_run = view[3] < 30, view[2] == 1
+    assert forward == (short or (one_run and dtype == np.float32))
+    if large_x:
+        assert backward == (short or one_run)
+        assert backward_no_affine == (short or one_run or dtype == np.float32)
+    else:
+        assert backward == (short or one_run or dtype == np.float32)
+        assert backward_no_affine
     rng = np.random.default_rng(11)
     x = (rng.standard_normal(view) + np.array([2.0, -300.0, 0.5] * (view[1] // 3 + 1))[: view[1], None, None]).astype(
         dtype

@@ -164,8 +164,9 @@ from minigrad_norm.kernels.machine import cpu_identity, l3_bytes, usable_cpus
 # a kernel compiled after the change links item functions compiled before it, with the old value (a scratch row
 # sized by one value, filled by a loop cut by the other, left an output value unwritten). Those are changed in
 # the source only. The others are read by the Python functions at each call: PARALLEL_MIN_ELEMENTS (which
-# compile), the STREAMING_STORE_* thresholds (whether to stream) and CACHE_LOCK_WAIT_SECONDS, which tests change at
-# run time, and no jitted code reads (tests/test_kernels_backend.py checks).
+# compile), the STREAMING_STORE_* thresholds (whether to stream), ROWS_LARGE_X_BYTES (which backward limits of
+# _as_rows) and CACHE_LOCK_WAIT_SECONDS, which tests change at run time, and no jitted code reads
+# (tests/test_kernels_backend.py checks).
 #
 # How long a kernel's load or save from numba's cache waits for another process's lock (see _take_cache_lock).
 CACHE_LOCK_WAIT_SECONDS = 60.0
@@ -190,12 +191,14 @@ PREFETCH_MAX_ROW_BYTES = 2048 if cpu_identity().get("vendor") == "GenuineIntel" 
 PREFETCH_DISTANCE_BYTES = 2048
 # BatchNorm in runs shorter than this many bytes walks the batch in memory order: see the columns kernels.
 COLUMNS_MAX_RUN_BYTES = 128
-# Blocks with statistics of their own in runs of at most this many bytes go to the row loops: see _as_rows.
+# Blocks with statistics of their own in runs of at most this many bytes go to the row loops: see _as_rows. The
+# backward's limits are pairs: (for an x smaller than ROWS_LARGE_X_BYTES, for an x that big or bigger).
 ROWS_MAX_RUN_BYTES_FORWARD = 64
 ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN = 128
-ROWS_MAX_RUN_BYTES_BACKWARD = 128
-ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS = 256
-ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN = 2048
+ROWS_MAX_RUN_BYTES_BACKWARD = (128, 64)
+ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS = (256, 128)
+ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN = (2048, 256)
+ROWS_LARGE_X_BYTES = STREAMING_STORE_MIN_BYTES
 # The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
 # _column_moments.
 COLUMNS_TILE_BYTES = 256 * 1024
@@ -2327,8 +2330,8 @@ def _as_rows(
     runs of at most ROWS_MAX_RUN_BYTES_FORWARD (forward; ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN for blocks of one
     run, InstanceNorm's), ROWS_MAX_RUN_BYTES_BACKWARD (backward with dweight and dbias) or
     ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS bytes (without them; ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN for
-    blocks of one run, whose terms are one per row, see ``_backward_rows``): InstanceNorm and GroupNorm on small
-    maps. The
+    blocks of one run, whose terms are one per row, see ``_backward_rows``), the backward's limits by x's size (see
+    the end): InstanceNorm and GroupNorm on small maps. The
     rows' loops (``_forward_rows``, ``_backward_rows``) do the blocks' arithmetic with a weight per value, in
     less time per block than the blocks' loops, which pay for each run (a normalize loop per run in the
     forward, a sum call per run in the backward). A row's dweight and dbias terms are then summed per position
@@ -2353,14 +2356,31 @@ def _as_rows(
     0.71-0.88; of 4 KiB 0.93-1.05; on the AMD VM of CPU family 26, against the blocks then walked channel by
     channel (see ``_backward_groups``), float32 (16, 64, 1, 1024) 1.10-1.15, (32,
     32, 1, 784) 1.06-1.08 and (32, 64, 1, 3136) 1.09-1.11. Their forward as rows took runs of 256 bytes to 1 KiB
-    1.14-1.46 of the time."""
-    _, _, K, S = shape
+    1.14-1.46 of the time.
+
+    Those backward limits were measured against the blocks walked channel by channel. Walked in memory order
+    (``_backward_groups``), the blocks read DRAM faster, and for an x of ROWS_LARGE_X_BYTES or more (a quarter of
+    the L3, 8 MiB here: x, dy and dx do not all stay there, so x comes from DRAM) the backward's limits are the
+    second, lower ones. rows/blocks, the routing alternated call by call in one process (2 threads, cold caches,
+    out= buffers, x of 16 MiB, the AMD VM of CPU family 26; G = 8, 32, 4 for K = 8, 2, 16, and G = 64 for K = 1):
+    - several runs, with dweight/dbias: runs of 32 bytes 0.64-0.71, 64 bytes 0.82-0.88, 128 bytes 1.17-1.97;
+    - without them: 64 bytes 0.50-0.59, 128 bytes 0.64-1.04, 256 bytes 1.46-1.83;
+    - one run (InstanceNorm's): 256 bytes 0.84-0.89 in float32 and 1.06-1.17 in float64, 512 bytes 1.18-1.50,
+      1 KiB 1.72-2.15, 2 KiB 1.65-1.80, 4 KiB 1.35-1.55.
+    On one thread, the same lines. Hot, with the whole x in the L3, the rows' loops kept their lead for x of 512 KiB
+    to 8 MiB: one run of 512 bytes 0.76-0.98, several runs of 128 bytes with dweight/dbias 0.70-1.03 (at 8 MiB on
+    2 threads, 1.32); at 16 MiB the blocks won hot too (1.09-1.77). So a smaller x keeps the first limits, though
+    from cold caches the blocks won at those sizes as well (1.11-1.26 and 1.17-1.72): such an x, if it does come
+    from DRAM, pays for the choice."""
+    N, G, K, S = shape
     if not backward:
         max_run = ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN if K == 1 else ROWS_MAX_RUN_BYTES_FORWARD
-    elif K == 1:
-        max_run = ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN
     else:
-        max_run = ROWS_MAX_RUN_BYTES_BACKWARD if dweight else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS
+        if K == 1:
+            limits = ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN
+        else:
+            limits = ROWS_MAX_RUN_BYTES_BACKWARD if dweight else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS
+        max_run = limits[N * G * K * S * itemsize >= ROWS_LARGE_X_BYTES]
     return not reduce_batch and mask is None and S > 1 and S * itemsize <= max_run
 
 
