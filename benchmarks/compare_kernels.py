@@ -20,7 +20,11 @@ under which a change shows nothing. On the Intel VM that was 2 %. On the AMD Zen
 hot stood inside that. On the AMD VM of CPU family 26 (2 threads, cold) it was 0.87-1.08 for
 most views and directions, but the backward of 65536x1x128x1 read 1.19-1.34 and its
 backward without affine gradients 0.86-0.90, in four runs out of four (why is not
-known; where each compiled copy's loops lie in memory is one candidate). On the Zen 4 VM
+known). Nor is it the code's alignment: each copy's functions start on page boundaries, at the same
+offsets in every copy. Copies of one source, each compiled in its own module, timed in one process (float32
+backward of 256x64x1x256, cold): in one run six read within 2 % of each other; in another, of four (the
+package's kernels and three copies), one read 1.37-1.45 of the others' time, steadily over three sets of 20
+rounds. On the Zen 4 VM
 the working tree's kernels, loaded from a cache the test suite had written, read 1.17-1.62
 of their twin's time on that view's backward without affine gradients, in two runs; with
 the cache emptied (``find minigrad_norm -name "*.nb[ic]" -delete``) and the kernels
