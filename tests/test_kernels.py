@@ -481,6 +481,18 @@ def test_blocks_of_short_runs_as_rows(monkeypatch, dtype, centered, eval_stats, 
         check_case({**case, "centered": centered, "need_affine_grads": need_affine_grads})
 
 
+def test_the_backward_routes_short_runs_by_the_size_of_x(monkeypatch):
+    """The backward's row limits of ``_as_rows`` go by x's bytes, N * G * K * S * itemsize, against
+    ROWS_LARGE_X_BYTES: an x of exactly that size takes the lower limits (blocks of several runs of 128 bytes, with
+    dweight/dbias, to the blocks' loop), one a byte smaller the higher (to the rows' loop). The forward's do not."""
+    view = (3, 5, 4, 32)  # float32 runs of 128 bytes; x of 7680 bytes
+    nbytes = 3 * 5 * 4 * 32 * 4
+    for limit, rows in ((nbytes, False), (nbytes + 1, True)):
+        monkeypatch.setattr(numba_cpu, "ROWS_LARGE_X_BYTES", limit)
+        assert numba_cpu._as_rows(view, 4, False, None, backward=True, dweight=True) == rows
+        assert not numba_cpu._as_rows(view, 4, False, None, backward=False, dweight=False)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("parallel", [False, True])
 def test_short_rows_in_batches_give_the_row_by_row_bits(monkeypatch, dtype, parallel):
