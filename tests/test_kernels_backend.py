@@ -418,7 +418,8 @@ def test_a_process_forked_after_a_parallel_kernel_runs_the_kernels_to_the_same_b
         import multiprocessing
         import numpy as np
         from minigrad_norm.kernels import numba_cpu
-        x = np.random.default_rng(0).standard_normal((512, 1, 512, 1)).astype(np.float32)  # 2**18: parallel
+        n = numba_cpu.PARALLEL_MIN_ELEMENTS  # parallel
+        x = np.random.default_rng(0).standard_normal((n // 512, 1, 512, 1)).astype(np.float32)
         want = numba_cpu.norm_forward(x, None, None, 1e-5)[0].copy()
 
         def child(queue):
@@ -443,7 +444,8 @@ def test_a_process_forked_while_a_thread_launches_a_kernel_does_not_wait_on_its_
         import threading
         import numpy as np
         from minigrad_norm.kernels import numba_cpu
-        x = np.random.default_rng(0).standard_normal((512, 1, 512, 1)).astype(np.float32)
+        n = numba_cpu.PARALLEL_MIN_ELEMENTS  # parallel
+        x = np.random.default_rng(0).standard_normal((n // 512, 1, 512, 1)).astype(np.float32)
         want = numba_cpu.norm_forward(x, None, None, 1e-5)[0].copy()
         stop = threading.Event()
 
@@ -492,8 +494,11 @@ def test_threads_launch_parallel_kernels_at_once_on_any_threading_layer(layer):
             return [a.copy() for a in (y, mean, var, *grads)]
 
         cases = []
-        for shape, reduce_batch in [((512, 1, 512, 1), False), ((16, 8, 8, 256), False), ((16, 64, 1, 256), True)]:
-            x, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))  # 2**18 elements: parallel
+        n = numba_cpu.PARALLEL_MIN_ELEMENTS  # elements: parallel
+        for shape, reduce_batch in [
+            ((n // 512, 1, 512, 1), False), ((n // 16384, 8, 8, 256), False), ((n // 16384, 64, 1, 256), True)
+        ]:
+            x, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
             w = rng.standard_normal(shape[1:3]).astype(np.float32)
             cases.append((x, dy, w, reduce_batch, call(x, dy, w, reduce_batch)))
         same = []
@@ -1094,7 +1099,8 @@ def test_the_report_names_the_threading_layer_the_kernels_ran_on():
         from minigrad_norm import bench
         from minigrad_norm.kernels import numba_cpu
         before = bench.machine_description()["threading_layer"]
-        numba_cpu.norm_forward(np.ones((512, 1, 512, 1)), None, None, 1e-5)  # 2**18 elements: parallel
+        n = numba_cpu.PARALLEL_MIN_ELEMENTS  # parallel
+        numba_cpu.norm_forward(np.ones((n // 512, 1, 512, 1)), None, None, 1e-5)
         print(before, numba.threading_layer(), bench.machine_description()["threading_layer"])
     """
     before, layer, after = run_python(code, NUMBA_THREADING_LAYER="default").stdout.split(maxsplit=2)

@@ -171,10 +171,11 @@ from minigrad_norm.kernels.machine import cpu_identity, l3_bytes, usable_cpus
 # How long a kernel's load or save from numba's cache waits for another process's lock (see _take_cache_lock).
 CACHE_LOCK_WAIT_SECONDS = 60.0
 # Below this many elements the serial compile runs: the parallel launch costs more than it saves.
-# With OMP_WAIT_POLICY=PASSIVE (see minigrad_norm.backend) waking the pool costs ~35 us per parallel
-# region on the 2-core machine; a float32 LayerNorm fwd+bwd (D = 1024, L2-resident) breaks even on
-# 2 threads at ~2^18 elements (measured: serial 1.5x faster at 2^16, 1.7x slower at 2^20).
-PARALLEL_MIN_ELEMENTS = 1 << 18
+# With OMP_WAIT_POLICY=PASSIVE (see minigrad_norm.backend) a parallel region costs ~35 us on the first 2-core
+# VM and 60 on the AMD VM of CPU family 26 (an empty prange of 2 items, back to back). A LayerNorm fwd+bwd (D =
+# 1024, hot, 2 threads, serial and parallel alternated call by call) breaks even at about 2^19 elements there:
+# parallel/serial 2.1-2.7 at 2^16, 1.11-1.37 at 2^18, 0.94-1.09 at 2^19, 0.68-0.90 at 2^20, float32 and float64.
+PARALLEL_MIN_ELEMENTS = 1 << 19
 # Outputs of at least this many bytes, in blocks of at least this many (or, in the backward, of whole
 # cache lines, at least the aligned minimum), are written with streaming (non-temporal) stores: see _streams.
 # A quarter of the L3 (x, y, dy and dx of that size fill it), and at most 24 MiB (a VM may report a whole
