@@ -487,6 +487,8 @@ def machine_description() -> dict[str, Any]:
         "threading_layer": numba_cpu.threading_layer()
         or os.environ.get("NUMBA_THREADING_LAYER", numba.config.THREADING_LAYER),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        # (GNU OpenMP's spin count, where set, overrides the policy's: see minigrad_norm.backend)
+        **({"gomp_spincount": os.environ["GOMP_SPINCOUNT"]} if "GOMP_SPINCOUNT" in os.environ else {}),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "numba": numba.__version__,

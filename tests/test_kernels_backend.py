@@ -1082,6 +1082,17 @@ def test_cpu_identity_is_the_first_cpus_block_of_cpuinfo(tmp_path):
     assert machine.cpu_identity(tmp_path / "missing") == {}
 
 
+def test_the_report_gives_the_openmp_waiting(monkeypatch):
+    """How OpenMP's idle threads wait moves every parallel call's time (``minigrad_norm.backend``): the report gives
+    the policy and, where set, GNU OpenMP's spin count, which overrides it."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    described = bench.machine_description()
+    assert described["omp_wait_policy"] == "PASSIVE" and "gomp_spincount" not in described
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    assert bench.machine_description()["gomp_spincount"] == "10000"
+
+
 def test_the_report_names_the_cpu_llvm_compiles_for():
     import llvmlite.binding
 
