@@ -23,8 +23,11 @@ family 26 an empty region took 60 us instead of 2.5. A float32 LayerNorm
 forward of 1024x1024 on 2 threads, in a loop with a NumPy call between, took
 0.153 ms a call passive and 0.10-0.12 spinning briefly (``GOMP_SPINCOUNT=10000``,
 its threads asleep within a millisecond); but with two such processes
-at once, 0.22-0.23 passive and 0.69-0.74 spinning. Passive is the default that
-cannot go that wrong; a program that has the cores to itself can set
+at once, 0.22-0.23 passive and 0.69-0.74 spinning; and ``minigrad-norm bench``
+with ``OMP_WAIT_POLICY=ACTIVE`` (PyTorch's pool beside numba's, the kernels
+compiled in two processes) compiled every kernel in 85 s instead of 39. Passive
+is the default that cannot go that wrong; a program that has the cores to
+itself (no other process, no second OpenMP pool) can set
 ``OMP_WAIT_POLICY=ACTIVE`` (or ``GOMP_SPINCOUNT``) before importing
 minigrad_norm. OpenMP reads the variable when its runtime loads, so it is set
 here, at ``import minigrad_norm``, before numba's pool (or a later-imported
