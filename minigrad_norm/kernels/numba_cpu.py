@@ -780,7 +780,7 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
     n = n0
     while n < n1:
         if K == 1 and not has_mask and math.isfinite(w[0]) and n + 1 < n1:
-            (wa, wb), (wc, wd) = _backward_sums_pair(dy3, x3, w, mu, r, mu, r, n, g, pdw, pdb, affine)
+            (wa, wb), (wc, wd) = _backward_sums_pair(dy3, x3, w, mu, r, n, g, pdw, pdb, affine)
             A, B = A + wa + wc, B + wb + wd
             n += 2
             continue
@@ -800,9 +800,9 @@ def _backward_sums(dy3, x3, w, mask2, has_mask, mu, r, n0, n1, g, K, S, pdw, pdb
 
 
 @numba.njit(error_model="numpy", inline="always")
-def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine):
-    """The sums of ``_backward_sums`` for the unmasked blocks (n, g) and (n + 1, g) of one run each, with
-    statistics (mu_a, r_a) and (mu_b, r_b), in one pass over both (``_row_dy_sums_pair``; A and B as the
+def _backward_sums_pair(dy3, x3, w, mu, r, n, g, pdw, pdb, affine):
+    """The sums of ``_backward_sums`` for the unmasked blocks (n, g) and (n + 1, g) of one run each, a BatchNorm
+    channel's two blocks with its statistics (mu, r), in one pass over both (``_row_dy_sums_pair``; A and B as the
     blocks' finite weight w[0] times their sums, see ``_run_dy_sums``): ((A, B) of the one, (A, B) of the
     other).
 
@@ -819,7 +819,7 @@ def _backward_sums_pair(dy3, x3, w, mu_a, r_a, mu_b, r_b, n, g, pdw, pdb, affine
     1.06, where the twin read 0.97-1.03. In the rows' loop, one at a time in memory order but with that loop's
     own costs per row: slower too, see ``_as_rows``. Walked in memory order by a loop
     of their own, one at a time, they gained: see ``_backward_groups``.)"""
-    (a, b), (c, d) = _row_dy_sums_pair(dy3[n, g], x3[n, g], mu_a, r_a, dy3[n + 1, g], x3[n + 1, g], mu_b, r_b)
+    (a, b), (c, d) = _row_dy_sums_pair(dy3[n, g], x3[n, g], mu, r, dy3[n + 1, g], x3[n + 1, g], mu, r)
     if affine:
         pdw[0] += b
         pdb[0] += a
@@ -2377,14 +2377,13 @@ def _as_rows(
     from cold caches the blocks won at those sizes as well (1.11-1.26 and 1.17-1.72): such an x, if it does come
     from DRAM, pays for the choice."""
     N, G, K, S = shape
+    large = N * G * K * S * itemsize >= ROWS_LARGE_X_BYTES
     if not backward:
         max_run = ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN if K == 1 else ROWS_MAX_RUN_BYTES_FORWARD
+    elif K == 1:
+        max_run = ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN[large]
     else:
-        if K == 1:
-            limits = ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN
-        else:
-            limits = ROWS_MAX_RUN_BYTES_BACKWARD if dweight else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS
-        max_run = limits[N * G * K * S * itemsize >= ROWS_LARGE_X_BYTES]
+        max_run = (ROWS_MAX_RUN_BYTES_BACKWARD if dweight else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS)[large]
     return not reduce_batch and mask is None and S > 1 and S * itemsize <= max_run
 
 
