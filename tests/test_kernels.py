@@ -540,6 +540,67 @@ def test_instance_norm_rows_sum_their_terms_per_row_in_float64():
         assert abs(float(g[0, 0]) - v[0, 0]) <= 1.5 * U32 * abs(v[0, 0]), (name, g, v)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("eval_stats", [False, True])
+@pytest.mark.parametrize(
+    ("view", "need_affine_grads", "lean"),
+    [
+        ((70, 6, 1, 5), True, True),  # InstanceNorm's small maps: one weight, one dweight/dbias term, per row
+        ((70, 1, 1, 5), True, True),  # ... of one channel: one group
+        ((70, 6, 1, 5), False, "unless streamed"),  # no terms
+        ((70, 3, 2, 5), False, "unless streamed"),  # GroupNorm's small maps, without terms
+        ((70, 3, 2, 5), True, False),  # ... with a term per value
+        ((70, 1, 8, 1), False, False),  # LayerNorm's rows, one group, have a compile of their own
+        ((70, 1, 8, 1), True, False),
+    ],
+)
+def test_rows_of_one_weight_take_the_lean_loop_and_never_stream(monkeypatch, view, need_affine_grads, lean, stream,
+                                                                 eval_stats):  # fmt: skip
+    """Rows with one dweight/dbias term each go through ``_backward_rows_lean``, which the general rows' loop,
+    whose partial rows hold a term per value, must never be given in their place: a partial row of one value
+    folded as one of L would be written past its end. They go there even where dx would stream (forced here for
+    every size): the lean loop does not stream, and such rows never are where dx is big enough. Rows of several
+    groups without terms take the lean loop unless dx streams; LayerNorm's never. Each result the reference's, and
+    the streamed calls' (or the lean loop's) bits the same as the others' where the loop differs."""
+    called = []
+
+    def recording(name, kernel):
+        def call(*args):
+            called.append(name)
+            return kernel(*args)
+
+        return call
+
+    kernels = {name: tuple(recording(name, k) for k in pair) for name, pair in numba_cpu._KERNELS.items()}
+    monkeypatch.setattr(numba_cpu, "_KERNELS", kernels)
+    monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
+    monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal(view) * 2 + 3).astype(np.float32)
+    dy = rng.standard_normal(view).astype(np.float32)
+    w = rng.standard_normal(view[1:3]).astype(np.float32)
+    w.reshape(-1)[0] = np.inf  # the lean loop's own case of an infinite weight
+    _, mean, var = reference.norm_forward(x, w, None, EPS)
+    rstd = 1 / np.sqrt(var + EPS)
+    opts = dict(fixed_stats=eval_stats, need_affine_grads=need_affine_grads)
+    with np.errstate(invalid="ignore"):
+        want = reference.norm_backward(dy, x, mean, rstd, w, **opts)
+    got = numba_cpu.norm_backward(dy, x, mean, rstd, w, out=aligned_empty(view, np.float32), **opts)
+    expected = lean if lean != "unless streamed" else not stream
+    assert called == ["lean rows backward" if expected else "rows backward"]
+    for name, g, v in zip(("dx", "dweight", "dbias"), got, want):
+        if v is None:
+            assert g is None
+            continue
+        assert np.array_equal(np.isnan(g), np.isnan(v)) and np.array_equal(np.isinf(g), np.isinf(v)), name
+        finite = np.isfinite(v)
+        assert_close(g[finite], v[finite], np.float32, name)
+    monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 2**62 if stream else 0)
+    other = numba_cpu.norm_backward(dy, x, mean, rstd, w, out=aligned_empty(view, np.float32), **opts)
+    for g, o in zip(got, other):
+        np.testing.assert_array_equal(g, o)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_many_layer_norm_rows_per_chunk(dtype):
     """3000 rows, 47 per dweight/dbias chunk (the last chunk ragged): the partial sums over many rows."""

@@ -1253,13 +1253,6 @@ def _forward_groups(
         q += step
 
 
-@numba.njit(inline="always")
-def _terms_per_row(affine, K, L):
-    """Whether rows of L values whose dweight/dbias partial rows hold K values sum their terms per row: one weight
-    per row (K == 1 < L, InstanceNorm's small maps taken as rows; see ``_backward_rows``)."""
-    return affine and K == 1 and L > 1
-
-
 @_item
 def _backward_rows(
     dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, terms, n_first, n_last, g_first, g_last,
@@ -1271,14 +1264,9 @@ def _backward_rows(
     ``one_group``: the rows are LayerNorm's or RMSNorm's, G = 1, g_first = 0 and g_last = 1, all three constants
     (see ``_backward_rows_kernel``; ``_dx_row_to`` for what changes with it).
 
-    Rows whose weight is one value repeated (InstanceNorm's small maps taken as rows, ``_as_rows``: partial rows
-    of one value, pw[g] = [dweight[g]]) have one dweight and one dbias term per row: their sums pass takes
-    sum(dy) and sum(dy * xhat) in float64 (``_row_dy_sums``), which times the weight are the two sums dx needs,
-    and adds them to pw[g] and pb[g], so that the dx pass carries no terms. Against the terms per value, which
-    cost each value two more stores and each row's call a fixed 12 ns (``_dx_row_affine``),
-    ``benchmarks/compare_kernels.py`` (2 threads, the AMD Zen 4 VM) took the InstanceNorm backward on 4x4 maps
-    (4096, 64, 1, 16) 0.77-0.79 of the time from cold caches (0.75-0.80 hot), float64 0.61; maps of 8 values
-    0.73 (float64 0.72), of 32 float32 values 0.76. Without dweight/dbias 1.00-1.03.
+    Rows whose weight is one value repeated, with dweight and dbias (InstanceNorm's small maps), go through
+    ``_backward_rows_lean`` instead, and so do rows of several groups without them unless their dx streams
+    (``_backward_by_groups``): here the terms are per value.
 
     Short rows go one at a time, unlike the forward's (``_forward_rows``): each n's rows as a batch, the sums of
     all, then the dx of all, took the float32 backward on 4x4 maps (4096, 64, 1, 16) 1.08-1.09 of the time hot
@@ -1288,17 +1276,8 @@ def _backward_rows(
     square root), so there is less to overlap. Multiplying by 1/L in place of the row's two divisions by L (proj,
     mdx) did not show either: those maps 0.92-0.94 of the time hot and 0.96-1.02 cold, where two copies of the
     same code read 0.98-1.04 apart in the same hour; nor did a dx loop taking the rows' one weight as a scalar
-    rather than as a row of repeated values (0.97-1.02 hot).
-
-    What does cost these rows is this loop's branches on its flags (stream, fixed, the rows' kind), which numba
-    compiles as run-time values: the same rows in a loop of their own without them (terms per row, statistics
-    computed, a finite weight, no stream; the same bits) took float32 maps of 16 values 0.79 of the time hot on one
-    thread and 0.83 cold on two, which would have put InstanceNorm's 4x4 backward ahead of PyTorch's; maps of 32
-    values 0.90, of 128 0.98 (and this item compiled with the flags as constants: 0.78). Not taken, for the compile
-    time (``benchmarks/compile_time.py``), against the 60 s that issue 4 allows for every kernel: inside this item the
-    loop took the cold compile of the rows' backward (both dtypes, one process) from 29.6-29.9 s to 32.9-35.8, and of
-    every kernel from 55.2 s to 58.3 (medians of 2 rounds); as an item of its own 32.2-33.7, and every kernel from
-    58.0 to 60.8 (medians of 4 rounds, the machine slower that hour).
+    rather than as a row of repeated values (0.97-1.02 hot). (Those were measured in this loop, before the rows
+    of one weight had a loop of their own.)
 
     (Rows of 8 KiB or more, where the float64 backward of 512x4096 moved 17-24 GB/s against 31-35 on rows of 1024
     values, in a pipeline one row deep, a piece of 4 KiB at a time: the sums of row n's piece from DRAM, then the dx
@@ -1308,36 +1287,70 @@ def _backward_rows(
     dy3, x3, dx3, scratch = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(scratch)
     w2, pw, pb, terms = _borrowed(w2), _borrowed(pw), _borrowed(pb), _borrowed(terms)
     L = x3.shape[2]
-    per_row = _terms_per_row(affine, pw.shape[1], L)
-    per_value = affine and not per_row
-    no_mask = np.empty(0, np.bool_)
     for n in range(n_first, n_last):
-        fold = per_value and ((n + 1 - n_first) % TERM_BLOCK_ROWS == 0 or n == n_last - 1)
+        fold = affine and ((n + 1 - n_first) % TERM_BLOCK_ROWS == 0 or n == n_last - 1)
         for g in range(g_first, g_last):
             mu = mean2[n, g] if use_mean else 0.0
             r = rstd2[n, g]
             wg, tw, tb = w2[g], terms[g - g_first, 0], terms[g - g_first, 1]
-            if per_row:
-                if math.isinf(wg[0]):  # dxhat = dy * inf is NaN where dy is 0, as in the reference
-                    a, b, A, B = _dy_sums(dy3[n, g], x3[n, g], no_mask, False, wg[0], mu, r)
-                else:
-                    a, b = _row_dy_sums(dy3[n, g], x3[n, g], mu, r)
-                    A, B = wg[0] * a, wg[0] * b
-                pw[g, 0] += b
-                pb[g, 0] += a
-                if fixed:
-                    A, B = 0.0, 0.0
-            elif fixed:
-                A, B = 0.0, 0.0
-            else:
-                A, B = _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
+            A, B = (0.0, 0.0) if fixed else _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
             mdx = A / L if use_mean else 0.0
             _dx_row_to(
-                dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, per_value, tw, tb,
+                dy3[n, g], x3[n, g], dx3[n, g], scratch, stream, wg, mu, r, B / L, mdx, fixed, affine, tw, tb,
                 one_group,
             )  # fmt: skip
             if fold:
                 _fold_terms(tw, tb, pw[g], pb[g])
+
+
+@_item
+def _backward_rows_lean(
+    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last
+):
+    """``_backward_rows`` of rows with one dweight and one dbias term each (``affine``: rows whose weight is one value
+    repeated, InstanceNorm's small maps taken as rows by ``_as_rows``), into the partial rows of one value
+    pw[g] = [dweight[g]], pb[g]; or of rows without terms. dx is never streamed here. InstanceNorm's rows always
+    come here; rows without terms when they are of several groups (not LayerNorm's or RMSNorm's) and their dx does
+    not stream (``_backward_by_groups``).
+
+    The terms of a row are sum(dy) and sum(dy * xhat), in float64 (``_row_dy_sums``): times the weight they are the
+    two sums dx needs, so the dx pass carries no terms. Against the terms per value, which cost each value two more
+    stores and each row's call a fixed 12 ns (``_dx_row_affine``), ``benchmarks/compare_kernels.py`` (2 threads,
+    the AMD Zen 4 VM) took the InstanceNorm backward on 4x4 maps (4096, 64, 1, 16) 0.77-0.79 of the time from cold
+    caches (0.75-0.80 hot), float64 0.61; maps of 8 values 0.73 (float64 0.72), of 32 float32 values 0.76.
+
+    A loop of its own, rather than a case of ``_backward_rows``'s: numba compiles the flags of that loop (stream,
+    fixed, the kind of terms) as run-time values, and their branches cost these short rows more than their
+    arithmetic. Against them inside that loop, ``benchmarks/compare_kernels.py --floor`` (the AMD VM of CPU family
+    26, float32; a twin of the same code 0.98-1.01 apart) took the backward on 4x4 maps (4096, 64, 1, 16) 0.85 of
+    the time from cold caches on 2 threads, without dweight/dbias 0.85 (float64 maps of 8 values 0.85 and 0.88),
+    (1024, 64, 1, 16) 0.86 and 0.92, and hot on one thread (256, 64, 1, 16) 0.79 and 0.62, GroupNorm's 4x4 maps as
+    rows without dweight/dbias (128, 8, 8, 16) 0.93, maps of 64 values 0.92-0.95. The price is its compile: see
+    ``_backward_rows_lean_kernel``. (Inside ``_backward_rows``, as a call before its loop, the cold compile of a
+    first LayerNorm forward and backward took 17.0 s instead of 14.4, which LayerNorm's rows, each its own group,
+    do not repay: 1.00 of the time there.)"""
+    dy3, x3, dx3, w2 = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(w2)
+    pw, pb = _borrowed(pw), _borrowed(pb)
+    L = x3.shape[2]
+    no_mask = np.empty(0, np.bool_)
+    for n in range(n_first, n_last):
+        for g in range(g_first, g_last):
+            mu = mean2[n, g] if use_mean else 0.0
+            r, wg = rstd2[n, g], w2[g]
+            if not affine:
+                A, B = _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
+            else:
+                if math.isinf(wg[0]):  # dxhat = dy * inf is NaN where dy is 0, as in the reference
+                    a, b, A, B = _dy_sums(dy3[n, g], x3[n, g], no_mask, False, wg[0], mu, r)
+                else:
+                    # (with _run_dy_sums in place of this test, LLVM leaves the sums a call: 1.27 of the time)
+                    a, b = _row_dy_sums(dy3[n, g], x3[n, g], mu, r)
+                    A, B = wg[0] * a, wg[0] * b
+                pw[g, 0] += b
+                pb[g, 0] += a
+            if fixed:
+                A, B = 0.0, 0.0
+            _dx_row(dy3[n, g], x3[n, g], dx3[n, g], wg, mu, r, B / L, A / L if use_mean else 0.0, fixed)
 
 
 @_item
@@ -1927,24 +1940,36 @@ def _forward_groups_kernel(
             _store_fence()
 
 
+@numba.njit(inline="always")
+def _row_blocks(G, n_chunks):
+    """(blocks, groups per block) of the rows' backward, whose work items are (chunk of rows n, block of groups g)
+    pairs, each block's partial sums of a chunk the work of one item: the blocks as many groups as leave about
+    _TARGET_ITEMS items, all of them when there are that many chunks; rows then go in memory order (``_n_chunks``)."""
+    g_blocks = min(G, (_TARGET_ITEMS + n_chunks - 1) // n_chunks)
+    return g_blocks, (G + g_blocks - 1) // g_blocks
+
+
+@numba.njit(inline="always")
+def _row_item(i, N, G, n_chunks, g_blocks, per_block, pdw, pdb):
+    """Work item i of the rows' backward (``_row_blocks``): (chunk, n_first, n_last, g_first, g_last), its partial
+    rows of dweight/dbias zeroed."""
+    c = i // g_blocks
+    g_first = (i % g_blocks) * per_block
+    g_last = min(G, g_first + per_block)
+    pdw[c, g_first:g_last] = 0.0
+    pdb[c, g_first:g_last] = 0.0
+    n_first, n_last = _chunk(c, N, n_chunks)
+    return c, n_first, n_last, g_first, g_last
+
+
 def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw, pdb, stream):
     N, G, L = x3.shape
     n_chunks = pdw.shape[0]
-    # work items: (chunk of rows n, block of groups g) pairs, each block's partial sums of a chunk the work of
-    # one item, the blocks as many groups as leave about _TARGET_ITEMS items, all of them when there are that
-    # many chunks: rows then go in memory order (see _n_chunks)
-    g_blocks = min(G, (_TARGET_ITEMS + n_chunks - 1) // n_chunks)
-    per_block = (G + g_blocks - 1) // g_blocks
-    per_value = affine and not _terms_per_row(affine, pdw.shape[2], L)
+    g_blocks, per_block = _row_blocks(G, n_chunks)
     for i in prange(n_chunks * g_blocks):
-        c = i // g_blocks
-        g_first = (i % g_blocks) * per_block
-        g_last = min(G, g_first + per_block)
-        pdw[c, g_first:g_last] = 0.0
-        pdb[c, g_first:g_last] = 0.0
-        n_first, n_last = _chunk(c, N, n_chunks)
+        c, n_first, n_last, g_first, g_last = _row_item(i, N, G, n_chunks, g_blocks, per_block, pdw, pdb)
         scratch = np.empty(_scratch_len(L, 1, True, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
-        terms = np.zeros((max(0, g_last - g_first), 2, L if per_value else 0), dtype=x3.dtype)
+        terms = np.zeros((max(0, g_last - g_first), 2, L if affine else 0), dtype=x3.dtype)
         # LayerNorm and RMSNorm have one group, passed as the constants 0 and 1 (and one_group), for which numba
         # compiles the item again, its loop over the groups gone. With that loop (of one group) inside the loop
         # over rows, the float32 backward of rows of 32 values took 1.4x the time on one thread, hot (44-46 ns a
@@ -1970,6 +1995,26 @@ def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affin
             )  # fmt: skip
         if stream:
             _store_fence()
+
+
+def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw, pdb):
+    """``_backward_rows_kernel`` for the rows of ``_backward_rows_lean``, in a kernel of its own so that a first
+    LayerNorm, whose rows never go there, does not compile that loop too.
+
+    Its price (``benchmarks/compile_time.py``, the AMD VM of CPU family 26, medians of 3 rounds): the cold compile
+    of every kernel took 52.5 s instead of 48.4 (rounds of 49.4-52.8 against 46.2-50.8), against the 60 s that
+    issue 4 allows; a first LayerNorm forward and backward 14.7 s instead of 15.8, its rows' loop now without the
+    case of one weight. (On the AMD Zen 4 VM, whose compiles were slower, an earlier session measured the same loop
+    inside ``_backward_rows``, where it took every kernel from 55.2 s to 58.3, and as an item of its own there, from
+    58.0 to 60.8, and left it out.)"""
+    N, G, L = x3.shape
+    n_chunks = pdw.shape[0]
+    g_blocks, per_block = _row_blocks(G, n_chunks)
+    for i in prange(n_chunks * g_blocks):
+        c, n_first, n_last, g_first, g_last = _row_item(i, N, G, n_chunks, g_blocks, per_block, pdw, pdb)
+        _backward_rows_lean(
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], n_first, n_last, g_first, g_last
+        )
 
 
 def _backward_groups_kernel(
@@ -2124,6 +2169,7 @@ _KERNELS = {
         ("rows forward", _forward_rows_kernel),
         ("groups forward", _forward_groups_kernel),
         ("rows backward", _backward_rows_kernel),
+        ("lean rows backward", _backward_rows_lean_kernel),
         ("groups backward", _backward_groups_kernel),
         ("columns forward", _columns_forward_kernel),
         ("columns backward", _columns_backward_kernel),
@@ -2594,7 +2640,14 @@ def _backward_by_groups(
     pdw = np.empty((n_chunks, G, (1 if terms_per_row else K) if affine else 0))
     pdb = np.empty_like(pdw)
     use_mean, dx3 = centered or fixed_stats, dx.reshape(N, G, L)
-    if _rows(S, mask is not None, reduce_batch):
+    rows = _rows(S, mask is not None, reduce_batch)
+    # Rows with a dweight/dbias term per row take the lean loop, their dx never streamed (where dx is big enough to
+    # stream, _as_rows takes runs of at most 256 bytes as rows, below the 512 bytes of whole cache lines that a
+    # streamed block needs: that changes nothing but under a test's limits); so do rows of several groups without
+    # terms, unless streamed (LayerNorm's and RMSNorm's rows, one group, have a compile of their own there)
+    if rows and (affine and terms_per_row or not affine and G > 1 and not stream):
+        _kernel("lean rows backward", x3.size)(dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb)
+    elif rows:
         _kernel("rows backward", x3.size)(
             dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb, stream
         )  # fmt: skip
@@ -2680,8 +2733,13 @@ def _compile_kernel(name: str, dtypes: Sequence[str]) -> None:
             if name == "erf":
                 erf(np.ones(n, dtype))
                 continue
-            blocks, direction = name.split()
-            shape = {"rows": (n // 2, 1, 2, 1), "groups": (n // run, 1, 1, run), "columns": (n // 2, 2, 1, 1)}[blocks]
+            blocks, direction = name.rsplit(" ", 1)
+            shape = {
+                "rows": (n // 2, 1, 2, 1),
+                "lean rows": (n // 2, 1, 1, 2),  # (a block of one run of 2 values: a row of one weight)
+                "groups": (n // run, 1, 1, run),
+                "columns": (n // 2, 2, 1, 1),
+            }[blocks]
             reduce_batch = blocks == "columns"
             x = np.ones(shape, dtype)
             if direction == "forward":
