@@ -1322,10 +1322,11 @@ def _backward_rows_lean(
     A loop of its own, rather than a case of ``_backward_rows``'s: numba compiles the flags of that loop (stream,
     fixed, the kind of terms) as run-time values, and their branches cost these short rows more than their
     arithmetic. Against them inside that loop, ``benchmarks/compare_kernels.py --floor`` (the AMD VM of CPU family
-    26, float32; a twin of the same code 0.98-1.01 apart) took the backward on 4x4 maps (4096, 64, 1, 16) 0.85 of
-    the time from cold caches on 2 threads, without dweight/dbias 0.85 (float64 maps of 8 values 0.85 and 0.88),
-    (1024, 64, 1, 16) 0.86 and 0.92, and hot on one thread (256, 64, 1, 16) 0.79 and 0.62, GroupNorm's 4x4 maps as
-    rows without dweight/dbias (128, 8, 8, 16) 0.93, maps of 64 values 0.92-0.95. The price is its compile: see
+    26; a twin of the same code 0.98-1.04 apart; two runs) took the float32 backward on 4x4 maps (4096, 64, 1, 16)
+    0.85-0.88 of the time from cold caches on 2 threads, without dweight/dbias 0.85-0.89, (1024, 64, 1, 16)
+    0.86-0.91 and 0.92, float64 maps of 8 values (4096, 64, 1, 8) 0.85-0.87 and 0.85-0.88 (of 16 values, 128 bytes,
+    0.93 and 0.96); hot on one thread (256, 64, 1, 16) 0.75-0.79 and 0.62-0.80, GroupNorm's 4x4 maps as rows
+    without dweight/dbias (128, 8, 8, 16) 0.85-0.93, maps of 64 values 0.92-0.95. The price is its compile: see
     ``_backward_rows_lean_kernel``. (Inside ``_backward_rows``, as a call before its loop, the cold compile of a
     first LayerNorm forward and backward took 17.0 s instead of 14.4, which LayerNorm's rows, each its own group,
     do not repay: 1.00 of the time there.)"""
