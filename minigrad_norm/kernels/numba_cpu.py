@@ -1338,9 +1338,7 @@ def _backward_rows_lean(
         for g in range(g_first, g_last):
             mu = mean2[n, g] if use_mean else 0.0
             r, wg = rstd2[n, g], w2[g]
-            if not affine:
-                A, B = _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
-            else:
+            if affine:
                 if math.isinf(wg[0]):  # dxhat = dy * inf is NaN where dy is 0, as in the reference
                     a, b, A, B = _dy_sums(dy3[n, g], x3[n, g], no_mask, False, wg[0], mu, r)
                 else:
@@ -1349,8 +1347,12 @@ def _backward_rows_lean(
                     A, B = wg[0] * a, wg[0] * b
                 pw[g, 0] += b
                 pb[g, 0] += a
-            if fixed:
+                if fixed:
+                    A, B = 0.0, 0.0
+            elif fixed:  # (no sums to take: with given statistics dx needs none)
                 A, B = 0.0, 0.0
+            else:
+                A, B = _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
             _dx_row(dy3[n, g], x3[n, g], dx3[n, g], wg, mu, r, B / L, A / L if use_mean else 0.0, fixed)
 
 
