@@ -1086,6 +1086,12 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
     # (hot and cold), but rows of 128 values 1.00-1.11, of 768 0.94-1.06, float64 rows 0.96-1.06
     # (compare_kernels.py, 2 threads, the Intel VM); on the AMD VM, rows of 4 KiB or more in pairs took float32
     # rows of 4096 values 1.01 (cold) and 1.09 (hot), of 1024 1.27 and 1.25, float64 rows 0.91-1.14.)
+    # (Nor, on the AMD VM of CPU family 26, from cold caches on 2 threads, compare_kernels.py --floor: the next
+    # row's sum taken piece by piece between this row's streamed pieces, so that its reads run amid the writes,
+    # float64 rows of 128, 768, 1024 and 4096 values 0.99, 1.06, 1.09 and 1.35 of the time; the next row's sum in
+    # the loop of this row's squared deviations, so that its reads overlap that pass from L1, float64 0.98, 1.04,
+    # 1.10, 1.02, float32 0.95-1.03; a batch of short rows computed into a scratch of the batch and streamed out
+    # whole, 4 KiB at a time, float32 rows of 16 values 1.11-1.15, float64 rows of 8 values 1.12.)
     if L * x.itemsize <= SHORT_ROW_BYTES and not stream:
         batch = SHORT_ROWS_BATCH_BYTES // (L * x.itemsize)
         for q0 in range(first, last, batch):
