@@ -94,6 +94,9 @@ PLAIN_BYTES_PER_X = {"copy x": 2, "triad x": 3}
 # the STREAM kernels timed in every row's rounds, the bandwidth its "% copy" and "% triad" are fractions of
 STREAM_KERNELS = ("copy", "triad")
 DRAM_SIZED_BYTES = 16 * 2**20
+# PyTorch's times on a row spread wider than this (interquartile range over the median, %): its ratio is unsteady
+# (``_unsteady_torch``)
+TORCH_UNSTEADY_SPREAD = 50.0
 RESULTS_COMMAND = (
     "minigrad-norm bench --markdown benchmarks/RESULTS.md --json benchmarks/results.json --plot benchmarks/sweep.png"
 )
@@ -847,6 +850,23 @@ def _below(rows: list[Row], stream: str, target: float) -> str:
     return ", ".join(below) or "none"
 
 
+def _unsteady_torch(rows: list[Row]) -> list[str]:
+    """The rows whose PyTorch times spread over TORCH_UNSTEADY_SPREAD % of their median or more, with its quartiles
+    and the ratio at its lower quartile: a median that falls between two modes makes an unsteady ratio.
+
+    Such modes come from PyTorch's allocations: glibc serves a large block from fresh ``mmap`` pages on some
+    calls and from freed memory on others. Timed on its own (float64 LayerNorm 4096x768 fwd+bwd, 2 threads,
+    cold caches), PyTorch's calls took 3.8-4.5 ms with no page fault, and 8.1-13.7 ms with 6,100-12,300 minor
+    faults (one or two 24 MiB buffers of fresh pages), in no steady order."""
+    unsteady = []
+    for r in rows:
+        spread = r.spread("torch")
+        if spread is not None and spread >= TORCH_UNSTEADY_SPREAD and "numba" in r.ms:
+            low, high = r.quartiles["torch"]
+            unsteady.append(f"{_name(r)} {low:.3g}-{high:.3g} ms ({low / r.ms['numba']:.1f}x at its lower quartile)")
+    return unsteady
+
+
 def target_summary(report: Report) -> list[str]:
     """The issue's targets, read off this run. DRAM-sized: x alone is at least ``DRAM_SIZED_BYTES`` (x, y,
     dy and dx together 64 MiB or more: twice the 32 MiB L3 of a typical server core complex). Not the
@@ -878,10 +898,12 @@ def target_summary(report: Report) -> list[str]:
     # where a reader comparing with PyTorch at those shapes should see how they stand
     smaller = [r for r in report.rows if r.cold and r.direction == "fwd+bwd" and _x_bytes(r) < DRAM_SIZED_BYTES]
     missed = ", ".join(f"{_name(r)} {r.ms['torch'] / r.ms['numba']:.1f}x" for r in smaller if _below_2x(r))
+    unsteady_smaller = ", ".join(_unsteady_torch(smaller))
     smaller_line = [
         f"fwd+bwd from cold caches with x under {DRAM_SIZED_BYTES >> 20} MiB (outside the targets): numba out= "
         f"{span([_percent(r, 'numba out=', 'triad') for r in smaller], '%')} of triad, torch / numba "
         f"{span([_ratio(r.ms.get('torch'), r.ms.get('numba')) for r in smaller], 'x')} (below 2x: {missed or 'none'})"
+        + (f"; PyTorch's times spread over half their median: {unsteady_smaller}" if unsteady_smaller else "")
     ]
     if not smaller:
         smaller_line = []
@@ -892,6 +914,7 @@ def target_summary(report: Report) -> list[str]:
             *smaller_line,
             numpy_line,
         ]
+    unsteady = ", ".join(_unsteady_torch(fb))
     return [
         f"fwd+bwd at DRAM sizes, numba out=, % of triad (copy): "
         f"{span([_percent(r, 'numba out=', 'triad') for r in fb], '%')} "
@@ -903,6 +926,7 @@ def target_summary(report: Report) -> list[str]:
         f"fwd+bwd at DRAM sizes, torch / numba, both allocating, all threads: "
         f"{span([_ratio(r.ms.get('torch'), r.ms.get('numba')) for r in fb], 'x')}; target >= 2x",
         f"  (where below 2x, twice PyTorch's own rate, in % of triad: {', '.join(below_2x) or 'none'})",
+        *([f"  (PyTorch's times spread over half their median, interquartile: {unsteady})"] if unsteady else []),
         f"  (on one thread, torch 1t / numba 1t, numba with out=: "
         f"{span([_ratio(r.ms.get('torch 1t'), r.ms.get('numba 1t')) for r in fb], 'x')})",
         f"fwd at DRAM sizes, numba out=, % of copy: {span([_percent(r, 'numba out=', 'copy') for r in fwd], '%')}; "

@@ -986,6 +986,38 @@ def test_bench_summary_gives_the_cold_rows_under_dram_size_apart():
     assert not any("with x under" in t for t in lines)
 
 
+def test_bench_summary_names_the_pytorch_ratios_that_rest_on_spread_times():
+    """Where PyTorch's times spread over half their median (its allocations fault in fresh pages on some calls and
+    not on others), the summary names the row, PyTorch's quartiles and the ratio at its lower quartile, beside the
+    PyTorch target (DRAM-sized rows) or on the line of the smaller cold rows; steady rows are not named."""
+    stream = {"copy": 40.0, "triad": 40.0}
+
+    def row(n: int, x_bytes: int, torch_quartiles: tuple[float, float]) -> bench.Row:
+        ms = {"numba": 2.0, "numba out=": 2.0, "torch": 6.0, "numpy": 100.0}
+        quartiles = {"torch": torch_quartiles, "numba": (1.9, 2.1)}
+        return bench.Row("layer_norm", (n, n), "float64", "fwd+bwd", 5 * x_bytes, ms, stream, True, quartiles)
+
+    dram, small = 32 * 2**20, 8 * 2**20
+    rows = [
+        row(1, dram, (3.0, 9.0)),  # spread 100% of the median: named, 1.5x at 3.0 ms
+        row(2, dram, (5.5, 6.5)),  # 17%: steady
+        row(3, dram, (4.0, 7.0)),  # exactly 50%: named
+        row(4, small, (1.8, 8.0)),  # a smaller row: named on its own line
+    ]
+    lines = bench.target_summary(bench.Report({}, {}, rows, [], {}, False))
+    line = next(t for t in lines if t.startswith("  (PyTorch's times spread over half their median"))
+    assert "layer_norm 1x1 float64 3-9 ms (1.5x at its lower quartile)" in line
+    assert "layer_norm 3x3 float64 4-7 ms (2.0x at its lower quartile)" in line
+    assert "2x2" not in line and "4x4" not in line
+    assert lines.index(line) == next(i for i, t in enumerate(lines) if t.startswith("fwd+bwd at DRAM sizes, torch")) + 2
+    smaller = next(t for t in lines if t.startswith("fwd+bwd from cold caches with x under"))
+    assert smaller.endswith(
+        "; PyTorch's times spread over half their median: layer_norm 4x4 float64 1.8-8 ms (0.9x at its lower quartile)"
+    )
+    steady = bench.target_summary(bench.Report({}, {}, [rows[1]], [], {}, False))
+    assert not any("spread over half" in t for t in steady)
+
+
 def test_bench_summary_gives_the_fractions_without_the_norms_that_read_x_twice():
     """BatchNorm1d's training statistics need the whole batch before its first output, so at DRAM sizes it reads
     x twice: the summary says so, and gives the fractions of the other norms on their own."""
