@@ -763,7 +763,8 @@ def _scratch_len(L, S, rows, itemsize):
     A GroupNorm block of 8 channels of 3136 float32 values (98 KiB) run by run, whole runs: forward
     0.91-0.97, backward 0.86-0.92, float32 and float64, cold and hot. Those runs (12 KiB) and the blocks
     of InstanceNorm and BatchNorm (one such run) in pieces of 4 KiB: float32 0.96-1.04 of the time,
-    float64 (runs of 24 KiB) 0.89-0.95 cold."""
+    float64 (runs of 24 KiB) 0.89-0.95 cold. In pieces of 8 KiB, LayerNorm rows of 768, 1024 and 4096 values
+    took 0.96-1.06 of the time cold, float32 and float64 (``--floor``, the AMD VM of CPU family 26)."""
     if rows or _streams_by_runs(S, itemsize):
         return min(L, STREAM_CHUNK_BYTES // itemsize)
     return L
