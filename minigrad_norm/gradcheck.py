@@ -21,7 +21,9 @@ Numerical Jacobians, two methods:
   and fails when the two methods disagree.
 
 ``gradcheck`` compares every entry of the reverse-mode Jacobian with the
-numerical one: no random projection, nothing a plain ``sum`` could hide.
+numerical one: nothing a plain ``sum`` could hide. The reverse-mode rows come
+from unit vectors, so it also runs backwards with random dL/d(output) vectors,
+which a rule that is not linear in its incoming gradient gets wrong.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from minigrad_norm.tensor import Tensor, enable_grad, grad, no_grad
 
 Fn = Callable[..., Tensor | Sequence[Tensor]]
 
-# gradcheck's default tolerances, right for central differences in float64; the complex step's
-# cross-check with central differences uses them whatever the caller's
+# gradcheck's default tolerances: for central differences in float64 (the complex step's cross-check with
+# central differences uses them whatever the caller's), and for the complex step, exact but for roundoff
 _CENTRAL_ATOL = 1e-5
 _CENTRAL_RTOL = 1e-3
+_COMPLEX_ATOL = 1e-8
+_COMPLEX_RTOL = 1e-6
 
 
 class GradcheckError(RuntimeError):
@@ -61,6 +65,12 @@ def _as_inputs(op: str, inputs: Tensor | Sequence[Tensor]) -> tuple[Tensor, ...]
                 "or pass a copy as the second (Tensor(x.data.copy(), requires_grad=True))"
             )
     return inputs
+
+
+def _fresh(inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Leaf copies of ``inputs`` (their data copied): fn and its backward cannot write into the caller's
+    arrays, and a backward cannot run on into the graph that made an input."""
+    return tuple(Tensor(t.data.copy(), requires_grad=t.requires_grad) for t in inputs)
 
 
 def _outputs(op: str, out: object) -> tuple[Tensor, ...]:
@@ -104,21 +114,21 @@ def numerical_jacobian(
     """Jacobians of ``fn`` by finite differences, one per input that requires grad.
 
     ``eps`` defaults to 1e-6 for ``"central"`` and 1e-30 for ``"complex"``.
-    ``fn`` is called on fresh, graph-free Tensors; the inputs are not modified.
-    With ``"complex"``, an output that comes back real (a cast or ``abs`` dropped
-    the imaginary part) raises ``TypeError``; one that only partly lost it cannot
-    be told from a right one here (``gradcheck`` cross-checks with central
-    differences).
+    ``fn`` is called on fresh, graph-free copies; the inputs are not modified.
+    With ``"complex"``, an output that comes back real raises ``TypeError``
+    (a cast or ``abs`` dropped the imaginary part), unless fn does not use
+    that input element at all (its output is bit-for-bit unchanged when the
+    element moves), whose column is then zero. An output that only partly
+    lost its imaginary part cannot be told from a right one here
+    (``gradcheck`` cross-checks with central differences).
     """
     inputs = _as_inputs("numerical_jacobian", inputs)
-    if method not in ("central", "complex"):
-        raise ValueError(f"numerical_jacobian: method must be 'central' or 'complex', got {method!r}")
+    _check_method("numerical_jacobian", method)
     h = eps if eps is not None else (1e-6 if method == "central" else 1e-30)
-    if h <= 0:
-        raise ValueError(f"numerical_jacobian: eps must be positive, got {h}")
+    _check_positive("numerical_jacobian", "eps", h)
 
     def f(k: int, xk: np.ndarray) -> np.ndarray:
-        args = [Tensor(xk) if i == k else Tensor(t.data) for i, t in enumerate(inputs)]
+        args = [Tensor(xk) if i == k else Tensor(t.data.copy()) for i, t in enumerate(inputs)]
         with no_grad():
             return _flat_output("numerical_jacobian", fn(*args))
 
@@ -134,6 +144,9 @@ def numerical_jacobian(
                 xp.flat[j] += 1j * h
                 out = f(k, xp)
                 if out.size and not np.iscomplexobj(out):
+                    if not _uses_element(f, k, inputs[k].data, j, out):
+                        cols.append(np.zeros(out.size))
+                        continue
                     raise TypeError(
                         f"numerical_jacobian: fn returned a real output for a complex input {k}: something in fn "
                         "dropped the imaginary part (a cast to a real dtype, abs, a comparison), so the complex "
@@ -151,18 +164,50 @@ def numerical_jacobian(
                         f"({x.flat[j]:g}): x + eps rounds to x; pass a larger eps"
                     )
                 cols.append((f(k, xp) - f(k, xm)) / step)
-        n_out = f(k, inputs[k].data).size if not cols else cols[0].size
+        n_out = f(k, inputs[k].data.copy()).size if not cols else cols[0].size
         jacobians.append(np.stack(cols, axis=1) if cols else np.zeros((n_out, 0)))
     return tuple(jacobians)
+
+
+def _uses_element(f: Callable[[int, np.ndarray], np.ndarray], k: int, x: np.ndarray, j: int, out: np.ndarray) -> bool:
+    """Whether fn's (real) output ``out`` at x changes when element j of input k moves by a real step.
+
+    A complex step that comes back real either lost its imaginary part or never reached fn's output; in
+    the second case fn does not read the element, and its derivative is exactly zero."""
+    xp = x.copy()
+    xp.flat[j] += 1e-3 * max(1.0, abs(float(xp.flat[j])))
+    return not np.array_equal(f(k, xp), out, equal_nan=True)
+
+
+def _check_method(op: str, method: str) -> None:
+    if method not in ("central", "complex"):
+        raise ValueError(f"{op}: method must be 'central' or 'complex', got {method!r}")
+
+
+def _check_positive(op: str, name: str, value: float, allow_zero: bool = False) -> None:
+    """``value`` a finite real number, > 0 (or >= 0 with ``allow_zero``): NaN would pass ``value <= 0``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{op}: {name} must be a real number, got {type(value).__name__}")
+    if not (np.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
+        raise ValueError(f"{op}: {name} must be finite and {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
 def jacobian(fn: Fn, inputs: Tensor | Sequence[Tensor]) -> tuple[np.ndarray, ...]:
     """Jacobians of ``fn`` by reverse mode: one backward per output element.
 
-    Uses ``grad``, so no ``.grad`` (of the inputs or of any parameter ``fn``
-    closes over) is touched. Records ``fn``'s graph even inside ``no_grad()``.
+    ``fn`` runs on leaf copies of the inputs, so neither it nor its backward
+    can change the caller's arrays, and an input that came out of another
+    graph is differentiated as a leaf. Uses ``grad``, so no ``.grad`` (of the
+    inputs or of any parameter ``fn`` closes over) is touched. Records
+    ``fn``'s graph even inside ``no_grad()``. A backward that writes into the
+    gradient it is given raises ``GradcheckError``: in a graph that array is
+    shared (``a + b`` hands the same one to both inputs).
     """
-    inputs = _as_inputs("jacobian", inputs)
+    inputs = _fresh(_as_inputs("jacobian", inputs))
+    return _reverse_jacobian(fn, inputs)
+
+
+def _reverse_jacobian(fn: Fn, inputs: tuple[Tensor, ...]) -> tuple[np.ndarray, ...]:
     wrt = [inputs[k] for k in _wrt(inputs)]
     with enable_grad():
         outs = _outputs("jacobian", fn(*inputs))
@@ -175,9 +220,22 @@ def jacobian(fn: Fn, inputs: Tensor | Sequence[Tensor]) -> tuple[np.ndarray, ...
         for i in range(o.size):
             seed = np.zeros(o.shape, dtype=o.dtype)
             seed.flat[i] = 1
-            for r, g in zip(rows, grad(o, wrt, seed, retain_graph=True)):
+            for r, g in zip(rows, _vjp(o, wrt, seed)):
                 r.append(g.ravel())
     return tuple(np.array(r, dtype=np.float64).reshape(len(r), t.size) for r, t in zip(rows, wrt))
+
+
+def _vjp(output: Tensor, wrt: Sequence[Tensor], v: np.ndarray) -> tuple[np.ndarray, ...]:
+    """v^T J for each input in ``wrt``, by one backward; refuses a backward that wrote into v."""
+    kept = v.copy()
+    grads = grad(output, wrt, v, retain_graph=True)
+    if not np.array_equal(v, kept, equal_nan=True):
+        raise GradcheckError(
+            f"jacobian: a backward of fn wrote into the gradient it was given (for the output of shape "
+            f"{output.shape}); a backward must not modify its argument, which the engine shares between "
+            "ops (a + b hands the same array to both inputs)"
+        )
+    return grads
 
 
 @dataclass
@@ -195,21 +253,32 @@ def gradcheck_report(
     inputs: Tensor | Sequence[Tensor],
     *,
     eps: float | None = None,
-    atol: float = _CENTRAL_ATOL,
-    rtol: float = _CENTRAL_RTOL,
+    atol: float | None = None,
+    rtol: float | None = None,
     method: str = "central",
 ) -> GradcheckReport:
     """Run the checks of ``gradcheck`` and return the numbers instead of raising."""
     inputs = _as_inputs("gradcheck", inputs)
+    _check_method("gradcheck", method)
+    atol, rtol = _tolerances(method, atol, rtol)
+    if eps is not None:
+        _check_positive("gradcheck", "eps", eps)
     for k, t in enumerate(inputs):
         if t.requires_grad and t.dtype != np.float64:
             raise TypeError(
                 f"gradcheck: input {k} (shape {t.shape}) is {t.dtype}; finite differences need "
                 "float64 inputs (in float32 their roundoff exceeds these tolerances)"
             )
+        if t.requires_grad and not np.isfinite(t.data).all():
+            j = _input_element(int(np.argmin(np.isfinite(t.data).ravel())), t.shape)
+            raise ValueError(
+                f"gradcheck: input {k} (shape {t.shape}) holds {t.data[j]} at {j}; numerical derivatives "
+                "need finite inputs"
+            )
     wrt = _wrt(inputs)
     if not wrt:
         raise ValueError("gradcheck: no input requires grad, so there is nothing to check")
+    inputs = _fresh(inputs)
 
     def failed(message: str) -> GradcheckReport:
         return GradcheckReport(False, np.inf, np.inf, message)
@@ -230,10 +299,13 @@ def gradcheck_report(
         return failed("gradcheck: fn is not deterministic: two calls on the same inputs gave different outputs")
     shapes = [o.shape for o in outs]
 
-    analytic = jacobian(fn, inputs)
-    if (k := _modified(inputs, before)) is not None:
-        return failed(f"gradcheck: fn modified input {k} in place")
-    repeat = jacobian(fn, inputs)
+    try:
+        analytic = _reverse_jacobian(fn, inputs)
+        if (k := _modified(inputs, before)) is not None:
+            return failed(f"gradcheck: the backward of fn modified input {k} in place")
+        repeat = _reverse_jacobian(fn, inputs)
+    except GradcheckError as e:
+        return failed(f"gradcheck: {e}")
     for k, a, r in zip(wrt, analytic, repeat):
         if not np.array_equal(a, r, equal_nan=True):
             return failed(
@@ -241,19 +313,8 @@ def gradcheck_report(
                 f"{np.nanmax(np.abs(a - r)):.3e}"
             )
     numeric = numerical_jacobian(fn, inputs, eps, method)
-    if method == "complex":
-        # the complex step is only right for an analytic forward: check it against central differences
-        central = numerical_jacobian(fn, inputs, None, "central")
-        for k, c, n in zip(wrt, central, numeric):
-            if (where := _worst_mismatch(n, c, _CENTRAL_ATOL, _CENTRAL_RTOL)) is not None:
-                i, j = where
-                return failed(
-                    f"gradcheck: for input {k} at {_output_element(i, shapes)}, input element "
-                    f"{_input_element(j, inputs[k].shape)} the complex step gives {n[i, j]:.10g} but central "
-                    f"differences {c[i, j]:.10g}: fn is not complex-analytic (abs, maximum, comparisons, casts "
-                    "to a real dtype drop the imaginary part), so the complex step is wrong for it; use "
-                    "method='central'"
-                )
+    if method == "complex" and (mismatch := _complex_step_mismatch(fn, inputs, numeric, shapes)):
+        return failed(mismatch)
 
     worst_abs = worst_rel = 0.0
     failure = ""
@@ -273,16 +334,106 @@ def gradcheck_report(
                 f"> atol {atol:g} + rtol {rtol:g} * |numerical|; {int(bad.sum())} of {bad.size} "
                 "entries disagree"
             )
-    if not failure and all(a.size == 0 or np.nanmax(np.abs(n)) < atol for a, n in zip(analytic, numeric)):
+    if not failure:
+        failure = _nonlinear_backward(fn, inputs, numeric, atol, rtol)
+    vacuous = [k for k, a, n in zip(wrt, analytic, numeric) if a.size and not (np.abs(n) >= atol).any()]
+    if not failure and vacuous:
         warnings.warn(
-            "gradcheck: every Jacobian entry is below atol, so the check cannot tell a right "
-            "gradient from a zero one; rescale the inputs or lower atol",
+            f"gradcheck: every Jacobian entry of input(s) {', '.join(map(str, vacuous))} is below atol "
+            f"{atol:g}, so the check cannot tell a right gradient there from a zero one; rescale those "
+            "inputs or lower atol",
             stacklevel=3,
         )
     return GradcheckReport(not failure, worst_abs, worst_rel, failure)
 
 
-def _worst_mismatch(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> tuple[int, int] | None:
+def _tolerances(method: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
+    """The caller's tolerances, or the method's defaults: the complex step has no cancellation, so its
+    defaults are a thousand times tighter (a backward that uses eps = 1e-3 where the forward uses 1e-5
+    is 2e-4 off: inside central differences' rtol, outside the complex step's)."""
+    default_atol, default_rtol = (
+        (_CENTRAL_ATOL, _CENTRAL_RTOL) if method == "central" else (_COMPLEX_ATOL, _COMPLEX_RTOL)
+    )
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    _check_positive("gradcheck", "atol", atol, allow_zero=True)
+    _check_positive("gradcheck", "rtol", rtol, allow_zero=True)
+    return float(atol), float(rtol)
+
+
+def _nonlinear_backward(
+    fn: Fn, inputs: tuple[Tensor, ...], numeric: Sequence[np.ndarray], atol: float, rtol: float
+) -> str:
+    """A failure message if a backward with a random dL/d(output) v disagrees with v^T J, else "".
+
+    The entrywise check seeds the backward with unit vectors only, and a rule that is not linear in its
+    incoming gradient (``np.clip(g, -1, 1)``, ``g ** 2``, ``abs(g)``) can be right on every one of them.
+    Three vectors v, every entry nonzero: large ones (|v| in 300..1000), small ones of the opposite signs
+    (1e-3..3e-3), and ones of random signs spread over 1e-3..1e3. So a square, an abs or a sign of g, or a
+    clip at any threshold under 300, changes some v^T J, even for a scalar output. If every entry of the
+    analytic J is within atol + rtol |J_num| of the numerical one, a linear backward's v^T J is within
+    sum_i |v_i| (atol + rtol |J_num[i, j]|) of v^T J_num; the bound is doubled for the roundoff of the sums.
+    """
+    wrt = [inputs[k] for k in _wrt(inputs)]
+    with enable_grad():
+        outs = _outputs("gradcheck", fn(*inputs))
+    rng = np.random.default_rng(0)
+    sign, mixed = ([rng.choice([-1.0, 1.0], o.shape) for o in outs] for _ in range(2))
+    for signs, low, high in ((sign, 2.5, 3.0), ([-s for s in sign], -3.0, -2.5), (mixed, -3.0, 3.0)):
+        vs = [s * 10.0 ** rng.uniform(low, high, s.shape) for s in signs]
+        v = np.concatenate([u.ravel() for u in vs]) if vs else np.zeros(0)
+        got = [np.zeros(t.size) for t in wrt]
+        for o, u in zip(outs, vs):
+            if o.requires_grad:
+                try:
+                    for acc, g in zip(got, _vjp(o, wrt, u)):
+                        acc += g.ravel()
+                except GradcheckError as e:
+                    return f"gradcheck: {e}"
+        for k, g, n in zip(_wrt(inputs), got, numeric):
+            want = v @ n
+            bound = 2 * (atol * np.abs(v).sum() + rtol * (np.abs(v) @ np.abs(n)))
+            diff = np.nan_to_num(np.abs(g - want), nan=np.inf)
+            if not (diff <= bound).all():
+                j = int(np.argmax(diff - bound))
+                return (
+                    f"gradcheck: the backward is not linear in its incoming gradient: for input {k}, a random "
+                    f"dL/d(output) v gives {g[j]:.10g} at input element {_input_element(j, inputs[k].shape)}, "
+                    f"where v^T J is {want[j]:.10g} (J numerical), although every unit vector gave the right "
+                    "row of J"
+                )
+    return ""
+
+
+def _complex_step_mismatch(fn: Fn, inputs: tuple[Tensor, ...], numeric: Sequence[np.ndarray], shapes: list) -> str:
+    """A failure message if the complex-step Jacobians disagree with central differences, else "".
+
+    The complex step is only right for a forward that is complex-analytic. Central differences here take
+    a step of 1e-6 times the largest |input| (at least 1e-6), and their roundoff, about u |f| / h per
+    entry (u the unit roundoff, f the output), is added to the tolerances, so that an output far from 0
+    (f = x^2 + 1e9) does not pass for a non-analytic forward.
+    """
+    wrt = _wrt(inputs)
+    scale = max((float(np.max(np.abs(inputs[k].data), initial=0.0)) for k in wrt), default=0.0)
+    h = 1e-6 * max(1.0, scale)
+    central = numerical_jacobian(fn, inputs, h, "central")
+    with no_grad():
+        f = np.abs(_flat_output("gradcheck", fn(*inputs)))
+    roundoff = 16 * np.finfo(np.float64).eps * f[:, None] / h
+    for k, c, n in zip(wrt, central, numeric):
+        if (where := _worst_mismatch(n, c, _CENTRAL_ATOL + roundoff, _CENTRAL_RTOL)) is not None:
+            i, j = where
+            return (
+                f"gradcheck: for input {k} at {_output_element(i, shapes)}, input element "
+                f"{_input_element(j, inputs[k].shape)} the complex step gives {n[i, j]:.10g} but central "
+                f"differences {c[i, j]:.10g} (step {h:g}, their roundoff here about {roundoff[i, 0]:.1e}): fn is "
+                "not complex-analytic (abs, maximum, comparisons, casts to a real dtype drop the imaginary "
+                "part), so the complex step is wrong for it; use method='central'"
+            )
+    return ""
+
+
+def _worst_mismatch(a: np.ndarray, n: np.ndarray, atol: float | np.ndarray, rtol: float) -> tuple[int, int] | None:
     """Where ``|a - n| <= atol + rtol * |n|`` fails worst (NaN on either side fails), or None."""
     diff = np.nan_to_num(np.abs(a - n), nan=np.inf)
     bad = ~(diff <= atol + rtol * np.abs(n))
@@ -302,23 +453,34 @@ def gradcheck(
     inputs: Tensor | Sequence[Tensor],
     *,
     eps: float | None = None,
-    atol: float = _CENTRAL_ATOL,
-    rtol: float = _CENTRAL_RTOL,
+    atol: float | None = None,
+    rtol: float | None = None,
     raise_exception: bool = True,
     method: str = "central",
 ) -> bool:
     """Check ``fn``'s reverse-mode gradients against numerical ones, entry by entry.
 
-    For every input with ``requires_grad`` (all of them float64), the full
-    Jacobian from backward must satisfy
-    ``|analytic - numerical| <= atol + rtol * |numerical|`` everywhere. Also
-    checked: ``fn`` does not modify its inputs, two forward and two backward
-    passes give bit-identical results, and with ``method="complex"`` the
-    complex step agrees with central differences (it is wrong for a forward
-    that is not complex-analytic). On failure, raises ``GradcheckError``
-    naming the input, the worst element and both values (or returns False
-    when ``raise_exception`` is False). Float32 inputs or outputs, and a
-    Tensor passed twice, raise ``TypeError``/``ValueError`` instead.
+    For every input with ``requires_grad`` (all of them float64 and finite),
+    the full Jacobian from backward must satisfy
+    ``|analytic - numerical| <= atol + rtol * |numerical|`` everywhere; the
+    defaults are atol = 1e-5, rtol = 1e-3 for central differences and 1e-8,
+    1e-6 for the complex step. Also checked:
+
+    * ``fn`` and its backward do not modify their inputs (they run on copies,
+      so the caller's arrays stay as they were either way);
+    * two forward and two backward passes give bit-identical results;
+    * the backward is linear in its incoming gradient: one backward with a
+      random dL/d(output) v gives v^T J (unit vectors alone cannot tell);
+    * no backward writes into the gradient it is given;
+    * with ``method="complex"``, the complex step agrees with central
+      differences (it is wrong for a forward that is not complex-analytic).
+
+    An input that came out of another graph is differentiated as a leaf. On
+    failure, raises ``GradcheckError`` naming the input, the worst element
+    and both values (or returns False when ``raise_exception`` is False).
+    Float32 inputs or outputs, a Tensor passed twice and bad arguments raise
+    ``TypeError``/``ValueError`` instead. Warns when every entry of an
+    input's Jacobian is below atol (nothing there can fail).
     """
     report = gradcheck_report(fn, inputs, eps=eps, atol=atol, rtol=rtol, method=method)
     if not report.passed and raise_exception:

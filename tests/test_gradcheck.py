@@ -388,3 +388,203 @@ def test_min_gap_arrays_stay_in_range_and_apart(a):
     assert a.min() >= 0.0 and a.max() <= 1.0
     flat = np.sort(a.ravel())
     assert np.all(np.diff(flat) >= 0.3 - 1e-12)
+
+
+class SinWith(Function):
+    """y = sin(x), dL/dx = cos(x) * rule(g): right when ``rule`` is the identity."""
+
+    rule = staticmethod(lambda g: g)
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return np.sin(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return np.cos(x) * SinWith.rule(g)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        lambda g: np.clip(g, -1.0, 1.0),
+        lambda g: np.clip(g, -250.0, 250.0),
+        lambda g: g**2,
+        np.abs,
+        np.sign,
+        lambda g: g / np.abs(g).max(),
+    ],
+)
+@pytest.mark.parametrize("method", ["central", "complex"])
+@pytest.mark.parametrize("reduce", [False, True])
+def test_a_backward_that_is_not_linear_in_its_gradient_is_caught(rule, method, reduce, monkeypatch):
+    """Each rule gives rule(1) = 1 and rule(0) = 0, so every unit vector seed gets the right row of J."""
+    x = leaf([0.1, 0.5, 1.0, -0.3])
+    fn = (lambda t: SinWith.apply(t).sum()) if reduce else SinWith.apply
+    assert gradcheck(fn, (x,), method=method)
+    monkeypatch.setattr(SinWith, "rule", staticmethod(rule))
+    np.testing.assert_allclose(np.diag(jacobian(SinWith.apply, (x,))[0]), np.cos(x.data), rtol=1e-15)
+    with pytest.raises(GradcheckError, match="not linear in its incoming gradient"):
+        gradcheck(fn, (x,), method=method)
+
+
+def test_a_backward_that_writes_into_its_gradient_is_caught():
+    """In a graph the gradient array is shared (``a + b`` hands the same one to both inputs): writing into it
+    changes a sibling's gradient."""
+
+    class Double(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            g *= 2
+            return g
+
+    x, y = leaf([1.0, 2.0, 3.0]), leaf([4.0, 5.0, 6.0])
+    (Double.apply(x) + y).backward(np.ones(3))
+    assert y.grad.tolist() == [2.0, 2.0, 2.0]  # the harm: y's gradient is 1
+    with pytest.raises(GradcheckError, match="wrote into the gradient it was given"):
+        gradcheck(Double.apply, (leaf([1.0, 2.0]),))
+    with pytest.raises(GradcheckError, match="wrote into the gradient it was given"):
+        jacobian(Double.apply, (leaf([1.0, 2.0]),))
+
+
+def test_the_vacuous_check_warning_names_each_input_below_atol():
+    class ScaledAdd(Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            return x + 1e-6 * y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None  # y's gradient forgotten, and inside atol
+
+    with pytest.warns(UserWarning, match=r"input\(s\) 1 is below atol"):
+        assert gradcheck(ScaledAdd.apply, (leaf([1.0, 2.0]), leaf([3.0, 4.0])))
+
+
+def test_caller_arrays_stay_as_they_were_whatever_fn_and_its_backward_write():
+    x_arr, y_arr = np.array([1.0, 2.0]), np.array([10.0, 20.0])
+
+    def writes_y(x, y):
+        y.data += 1.0
+        return x * y
+
+    class WritesSaved(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            x *= 2  # the input's own array
+            return g * x
+
+    x, y = Tensor(x_arr, requires_grad=True), Tensor(y_arr, requires_grad=True)
+    numerical_jacobian(writes_y, (x, y))
+    jacobian(writes_y, (x, y))
+    report = gradcheck_report(writes_y, (x, y))
+    assert not report.passed and "fn modified input 1 in place" in report.message
+    report = gradcheck_report(WritesSaved.apply, (x,))
+    assert not report.passed and "the backward of fn modified input 0 in place" in report.message
+    assert x_arr.tolist() == [1.0, 2.0] and y_arr.tolist() == [10.0, 20.0]
+    assert x.data is x_arr and x.grad is None
+
+
+def test_an_input_from_another_graph_is_differentiated_as_a_leaf():
+    a = leaf([1.0, 2.0, 3.0])
+    x = a.exp()
+    x.sum().backward()  # releases exp's saved arrays: a backward that ran on into exp would raise
+    assert gradcheck(lambda t: t * t, (x,))
+    np.testing.assert_array_equal(jacobian(lambda t: t * t, (x,))[0], np.diag(2 * np.exp([1.0, 2.0, 3.0])))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"atol": -1.0}, ValueError, r"atol must be finite and >= 0, got -1"),
+        ({"atol": np.nan}, ValueError, r"atol must be finite and >= 0, got nan"),
+        ({"rtol": np.inf}, ValueError, r"rtol must be finite and >= 0, got inf"),
+        ({"rtol": "1e-3"}, TypeError, r"rtol must be a real number, got str"),
+        ({"eps": np.nan}, ValueError, r"eps must be finite and > 0, got nan"),
+        ({"eps": 0.0}, ValueError, r"eps must be finite and > 0, got 0"),
+        ({"method": "forward"}, ValueError, r"method must be 'central' or 'complex', got 'forward'"),
+    ],
+)
+def test_bad_gradcheck_arguments_are_refused_before_fn_runs(kwargs, error, match):
+    calls = []
+
+    def fn(t):
+        calls.append(1)
+        return t * t
+
+    with pytest.raises(error, match=rf"gradcheck: {match}"):
+        gradcheck(fn, (leaf([1.0, 2.0]),), **kwargs)
+    assert calls == []
+
+
+def test_a_non_finite_input_is_named():
+    with pytest.raises(ValueError, match=r"input 1 \(shape \(2,\)\) holds inf at \(1,\).*finite"):
+        gradcheck(lambda a, b: a * b, (leaf([1.0, 2.0]), leaf([3.0, np.inf])))
+    with pytest.raises(ValueError, match="numerical_jacobian: eps must be finite and > 0, got nan"):
+        numerical_jacobian(lambda t: t, (leaf([1.0]),), eps=np.nan)
+
+
+class Shifted(Function):
+    """y = x^2 + 1e9: analytic, with outputs whose central differences cancel 15 digits."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x + 1e9
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+def test_complex_step_passes_an_analytic_forward_where_central_differences_are_coarse():
+    x = leaf([0.3, -1.2, 2.0])
+    (c,) = numerical_jacobian(Shifted.apply, (x,))
+    assert np.abs(np.diag(c) - 2 * x.data).max() > 1e-2  # central differences: 1e9 * u / 1e-6 = 0.2 of noise
+    assert gradcheck(Shifted.apply, (x,), method="complex")
+    big = leaf([1e11, -2e11])
+    assert gradcheck(lambda t: (t * 1e-11).tanh() * 1e11, (big,), method="complex")
+
+
+def test_complex_step_gives_a_zero_column_for_an_input_fn_does_not_use():
+    x, y = leaf([1.0, 2.0]), leaf([3.0, 4.0])
+    jx, jy = numerical_jacobian(lambda a, b: a * 2.0, (x, y), method="complex")
+    np.testing.assert_array_equal(jx, 2 * np.eye(2))
+    np.testing.assert_array_equal(jy, np.zeros((2, 2)))
+    with pytest.warns(UserWarning, match=r"input\(s\) 1 is below atol"):
+        assert gradcheck(lambda a, b: a * 2.0, (x, y), method="complex")
+
+
+def test_complex_step_defaults_are_tight_enough_for_a_slightly_wrong_eps():
+    """RMS normalization whose backward uses eps = 1e-4 where its forward uses 1e-5: about 1e-4 off, inside
+    central differences' rtol, outside the complex step's."""
+
+    class RMS(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x / np.sqrt((x * x).mean() + 1e-5)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            r = 1 / np.sqrt((x * x).mean() + 1e-4)
+            return r * g - x * r**3 * (g * x).sum() / x.size
+
+    x = leaf([0.5, -1.0, 0.75])
+    assert gradcheck(RMS.apply, (x,))
+    with pytest.raises(GradcheckError, match=r"Jacobian mismatch.*\(complex\).*atol 1e-08 \+ rtol 1e-06"):
+        gradcheck(RMS.apply, (x,), method="complex")
