@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from minigrad_norm.backend import kernels_for
-from minigrad_norm.ops import as_tensor, require_real
+from minigrad_norm.ops import as_tensor, normalize_axis, reduction_axis, require_real
 from minigrad_norm.tensor import Context, Function, Tensor
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -88,8 +88,11 @@ class Softmax(Function):
 
     @staticmethod
     def forward(ctx: Context, x: np.ndarray, axis: int = -1) -> np.ndarray:
-        e = np.exp(x - np.max(x.real, axis=axis, keepdims=True))
-        y = e / np.sum(e, axis=axis, keepdims=True)
+        if x.size == 0:  # np.max refuses an empty axis; the result is as empty as x
+            y = x.copy()
+        else:
+            e = np.exp(x - np.max(x.real, axis=axis, keepdims=True))
+            y = e / np.sum(e, axis=axis, keepdims=True)
         ctx.axis = axis
         ctx.save_for_backward(y)
         return y
@@ -102,6 +105,8 @@ class Softmax(Function):
 
 def log_softmax_array(x: np.ndarray, axis: int) -> np.ndarray:
     """x - logsumexp(x) along ``axis``, shifted by the (real part's) max so exp cannot overflow."""
+    if x.size == 0:  # np.max refuses an empty axis; the result is as empty as x
+        return x.copy()
     shifted = x - np.max(x.real, axis=axis, keepdims=True)
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
@@ -249,12 +254,23 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     return GELU.apply(x, approximate=approximate)
 
 
-def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    return Softmax.apply(x, axis=axis)
+def softmax(x: Tensor, axis: int | None = None, *, dim: int | None = None) -> Tensor:
+    """Softmax along ``axis`` (or ``dim``, PyTorch's name), the last one by default."""
+    return Softmax.apply(x, axis=_one_axis("softmax", x, axis, dim))
 
 
-def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    return LogSoftmax.apply(x, axis=axis)
+def log_softmax(x: Tensor, axis: int | None = None, *, dim: int | None = None) -> Tensor:
+    """Log-softmax along ``axis`` (or ``dim``, PyTorch's name), the last one by default."""
+    return LogSoftmax.apply(x, axis=_one_axis("log_softmax", x, axis, dim))
+
+
+def _one_axis(op: str, x: Tensor, axis: int | None, dim: int | None) -> int:
+    axis = reduction_axis(op, axis, False, dim, None)[0]
+    axis = -1 if axis is None else axis
+    if not isinstance(axis, int | np.integer) or isinstance(axis, bool):
+        raise TypeError(f"{op}: axis must be an int, got {axis!r}")
+    normalize_axis(op, axis, x.shape)  # an axis out of range raises, naming the op and the shape
+    return int(axis)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -30,12 +30,26 @@ Axis = int | Sequence[int] | None
 
 
 # -- helpers ------------------------------------------------------------------
+def as_number(value: Any) -> int | float | complex | None:
+    """``value`` as a Python number if it is one, a NumPy scalar or a 0-d array of numbers (not a bool).
+
+    PyTorch takes all three as a number next to a tensor: one that never widens the tensor's dtype within
+    its kind (``float32_tensor * np.float64(2)`` stays float32)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iufc":
+        return value.item()
+    if isinstance(value, np.number):
+        return value.item()
+    if isinstance(value, int | float | complex) and not isinstance(value, bool):
+        return value
+    return None
+
+
 def as_tensor(value: Any, like: Tensor | None = None) -> Tensor:
-    """Wrap ``value``; a Python number takes the dtype of ``like`` (never upcasting float32)."""
+    """Wrap ``value``; a number (``as_number``) takes the dtype of ``like`` (never upcasting float32)."""
     if isinstance(value, Tensor):
         return value
-    if like is not None and isinstance(value, int | float | complex) and not isinstance(value, bool):
-        return Tensor(np.asarray(value, dtype=np.result_type(like.dtype, value)))
+    if like is not None and (number := as_number(value)) is not None:
+        return Tensor(np.asarray(number, dtype=np.result_type(like.dtype, number)))
     return Tensor(value)
 
 
@@ -65,15 +79,33 @@ def require_real(op: str, *arrays: Any) -> None:
         )
 
 
-def normalize_axis(axis: Axis, ndim: int) -> tuple[int, ...]:
+def normalize_axis(op: str, axis: Axis, shape: tuple[int, ...]) -> tuple[int, ...]:
     """``axis`` as a sorted tuple of non-negative axes (``None`` means all).
 
     As in NumPy and PyTorch, a 0-d tensor accepts axis 0 or -1 (and reduces nothing).
     """
+    ndim = len(shape)
     if axis is None:
         return tuple(range(ndim))
-    axes = normalize_axis_tuple(axis, builtins.max(ndim, 1))
+    try:
+        axes = normalize_axis_tuple(axis, builtins.max(ndim, 1))
+    except (TypeError, ValueError) as e:  # AxisError is a ValueError
+        raise type(e)(f"{op}: axis={axis!r} is invalid for an input of shape {shape}: {e}") from None
     return tuple(sorted(axes)) if ndim else ()
+
+
+def reduction_axis(op: str, axis: Axis, keepdims: bool, dim: Axis, keepdim: bool | None) -> tuple[Axis, bool]:
+    """``axis`` and ``keepdims`` (NumPy's names), or ``dim`` and ``keepdim`` (PyTorch's), which PyTorch
+    also accepts both of; giving one argument under both names is an error."""
+    if dim is not None:
+        if axis is not None:
+            raise TypeError(f"{op}: got both axis={axis!r} and dim={dim!r}; they name the same argument")
+        axis = dim
+    if keepdim is not None:
+        if keepdims:
+            raise TypeError(f"{op}: got both keepdims and keepdim; they name the same argument")
+        keepdims = keepdim
+    return axis, bool(keepdims)
 
 
 def expand_reduced(grad: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
@@ -241,7 +273,7 @@ class Sum(Function):
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
-        ctx.axes, ctx.keepdims, ctx.shape = normalize_axis(axis, a.ndim), keepdims, a.shape
+        ctx.axes, ctx.keepdims, ctx.shape = normalize_axis("sum", axis, a.shape), keepdims, a.shape
         return np.sum(a, axis=ctx.axes, keepdims=keepdims)
 
     @staticmethod
@@ -254,7 +286,7 @@ class Mean(Function):
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
-        ctx.axes, ctx.keepdims, ctx.shape = normalize_axis(axis, a.ndim), keepdims, a.shape
+        ctx.axes, ctx.keepdims, ctx.shape = normalize_axis("mean", axis, a.shape), keepdims, a.shape
         return np.mean(a, axis=ctx.axes, keepdims=keepdims)
 
     @staticmethod
@@ -278,7 +310,7 @@ class Max(Function):
         require_real("max", a)
         if a.size == 0:
             raise ValueError(f"max: cannot reduce an empty tensor of shape {a.shape}")
-        ctx.axes, ctx.keepdims = normalize_axis(axis, a.ndim), keepdims
+        ctx.axes, ctx.keepdims = normalize_axis("max", axis, a.shape), keepdims
         y = np.max(a, axis=ctx.axes, keepdims=True)
         ctx.save_for_backward(a, y)
         return y if keepdims else np.squeeze(y, axis=ctx.axes)
@@ -471,24 +503,21 @@ class Stack(Function):
 
 
 class MaskedFill(Function):
-    """y = value where mask, else a;  dL/da = g where not mask, 0 where mask."""
+    """y = value where mask, else a;  dL/da = g where not mask, 0 where mask;
+    dL/dvalue = sum of g where mask (value a 0-d tensor, as in PyTorch)."""
 
     @staticmethod
-    def forward(ctx: Context, a: np.ndarray, mask: np.ndarray, value: float) -> np.ndarray:
-        mask = np.asarray(mask)
-        if mask.dtype != np.bool_:
-            raise TypeError(f"masked_fill: mask must be boolean, got dtype {mask.dtype}")
-        if broadcast_shape("masked_fill", a, mask) != a.shape:
-            raise ValueError(
-                f"masked_fill: mask of shape {mask.shape} does not broadcast to the input's shape {a.shape}"
-            )
+    def forward(ctx: Context, a: np.ndarray, value: np.ndarray, mask: np.ndarray) -> np.ndarray:
         ctx.save_for_backward(mask)
-        return np.where(mask, np.asarray(value, dtype=a.dtype), a)
+        return np.where(mask, value.astype(a.dtype, copy=False), a)
 
     @staticmethod
-    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, None, None]:
+    def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
         (mask,) = ctx.saved_tensors
-        return np.where(mask, np.zeros((), dtype=g.dtype), g), None, None
+        zero = np.zeros((), dtype=g.dtype)
+        da = np.where(mask, zero, g) if ctx.needs_input_grad[0] else None
+        dvalue = np.where(mask, g, zero).sum() if ctx.needs_input_grad[1] else None
+        return da, None if dvalue is None else np.asarray(dvalue)
 
 
 # -- the functions Tensor's methods call ---------------------------------------------------------
@@ -513,8 +542,8 @@ def div(a: Any, b: Any) -> Tensor:
 
 
 def pow(a: Any, b: Any) -> Tensor:  # noqa: A001  (the ** operator)
-    if isinstance(a, Tensor) and isinstance(b, int | float) and not isinstance(b, bool):
-        return Pow.apply(a, b)  # a constant exponent stays a Python number: no upcast, no gradient
+    if isinstance(a, Tensor) and (exponent := as_number(b)) is not None:
+        return Pow.apply(a, exponent)  # a constant exponent stays a Python number: no upcast, no gradient
     a, b = _operands(a, b)
     return Pow.apply(a, b)
 
@@ -527,15 +556,24 @@ def matmul(a: Any, b: Any) -> Tensor:
     return MatMul.apply(as_tensor(a), as_tensor(b))
 
 
-def sum(a: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+def sum(  # noqa: A001
+    a: Tensor, axis: Axis = None, keepdims: bool = False, *, dim: Axis = None, keepdim: bool | None = None
+) -> Tensor:
+    axis, keepdims = reduction_axis("sum", axis, keepdims, dim, keepdim)
     return Sum.apply(a, axis=axis, keepdims=keepdims)
 
 
-def mean(a: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+def mean(
+    a: Tensor, axis: Axis = None, keepdims: bool = False, *, dim: Axis = None, keepdim: bool | None = None
+) -> Tensor:
+    axis, keepdims = reduction_axis("mean", axis, keepdims, dim, keepdim)
     return Mean.apply(a, axis=axis, keepdims=keepdims)
 
 
-def max(a: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+def max(  # noqa: A001
+    a: Tensor, axis: Axis = None, keepdims: bool = False, *, dim: Axis = None, keepdim: bool | None = None
+) -> Tensor:
+    axis, keepdims = reduction_axis("max", axis, keepdims, dim, keepdim)
     return Max.apply(a, axis=axis, keepdims=keepdims)
 
 
@@ -600,8 +638,16 @@ def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     return Stack.apply(*[as_tensor(t) for t in tensors], axis=axis)
 
 
-def masked_fill(a: Tensor, mask: Any, value: float) -> Tensor:
-    return MaskedFill.apply(a, mask, value)
+def masked_fill(a: Tensor, mask: Any, value: float | Tensor) -> Tensor:
+    mask = np.asarray(mask.data if isinstance(mask, Tensor) else mask)
+    if mask.dtype != np.bool_:
+        raise TypeError(f"masked_fill: mask must be boolean, got dtype {mask.dtype}")
+    if broadcast_shape("masked_fill", a.data, mask) != a.shape:
+        raise ValueError(f"masked_fill: mask of shape {mask.shape} does not broadcast to the input's shape {a.shape}")
+    value = as_tensor(value, like=a)
+    if value.ndim != 0:
+        raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got shape {value.shape}")
+    return MaskedFill.apply(a, value, mask=mask)
 
 
 def _operands(a: Any, b: Any) -> tuple[Tensor, Tensor]:

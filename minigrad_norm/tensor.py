@@ -205,6 +205,16 @@ class Tensor:
     def __len__(self) -> int:
         return len(self.data)
 
+    def __bool__(self) -> bool:
+        """The truth of a one-element tensor; any other size raises, as in PyTorch (``if t > 0:`` on a
+        vector is a mistake, not a test of its length)."""
+        if self.size != 1:
+            raise RuntimeError(
+                f"Tensor: the truth value of a tensor of shape {self.shape} ({self.size} values) is ambiguous; "
+                "use t.data.any() or t.data.all()"
+            )
+        return bool(self.data.item())
+
     def __repr__(self) -> str:
         grad = f", grad_fn={self._ctx.fn.__name__}" if self._ctx else ""
         req = ", requires_grad=True" if self.requires_grad and not self._ctx else ""
@@ -275,6 +285,16 @@ class Tensor:
     def abs(self) -> Tensor:
         return ops.abs(self)
 
+    # == and != compare elementwise, as the ordering operators do, so identity (not value) is what
+    # makes a Tensor a dict key or a set member, as in PyTorch
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return NotImplemented if other is None else ops.compare("equal", self, other)
+
+    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return NotImplemented if other is None else ops.compare("not_equal", self, other)
+
     def __lt__(self, other: Any) -> Tensor:
         return ops.compare("less", self, other)
 
@@ -290,14 +310,35 @@ class Tensor:
     def __getitem__(self, index: Any) -> Tensor:
         return ops.getitem(self, index)
 
-    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return ops.sum(self, axis, keepdims)
+    def sum(
+        self,
+        axis: int | Sequence[int] | None = None,
+        keepdims: bool = False,
+        *,
+        dim: int | Sequence[int] | None = None,
+        keepdim: bool | None = None,
+    ) -> Tensor:
+        return ops.sum(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return ops.mean(self, axis, keepdims)
+    def mean(
+        self,
+        axis: int | Sequence[int] | None = None,
+        keepdims: bool = False,
+        *,
+        dim: int | Sequence[int] | None = None,
+        keepdim: bool | None = None,
+    ) -> Tensor:
+        return ops.mean(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return ops.max(self, axis, keepdims)
+    def max(
+        self,
+        axis: int | Sequence[int] | None = None,
+        keepdims: bool = False,
+        *,
+        dim: int | Sequence[int] | None = None,
+        keepdim: bool | None = None,
+    ) -> Tensor:
+        return ops.max(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
     def exp(self) -> Tensor:
         return ops.exp(self)
@@ -328,7 +369,7 @@ class Tensor:
     def T(self) -> Tensor:
         return ops.permute(self, tuple(reversed(range(self.ndim))))
 
-    def masked_fill(self, mask: Any, value: float) -> Tensor:
+    def masked_fill(self, mask: Any, value: float | Tensor) -> Tensor:
         return ops.masked_fill(self, mask, value)
 
 
@@ -375,9 +416,18 @@ def backprop(
             raise RuntimeError(
                 f"{ctx.fn.__name__}.backward returned {len(input_grads)} gradients for {len(ctx.inputs)} inputs"
             )
-        for inp, needs, ig in zip(ctx.inputs, ctx.needs_input_grad, input_grads):
+        for k, (inp, needs, ig) in enumerate(zip(ctx.inputs, ctx.needs_input_grad, input_grads)):
             if not needs or ig is None:
                 continue
+            if not isinstance(ig, np.ndarray | np.generic):
+                raise TypeError(
+                    f"{ctx.fn.__name__}.backward returned a {type(ig).__name__} as the gradient of input {k}; "
+                    "a backward returns NumPy arrays (or None)"
+                )
+            if np.iscomplexobj(ig):  # only real tensors require grad
+                raise TypeError(
+                    f"{ctx.fn.__name__}.backward returned a {ig.dtype} gradient for input {k}, which is real"
+                )
             if ig.shape != inp.shape:
                 raise RuntimeError(
                     f"{ctx.fn.__name__}.backward returned a gradient of shape {ig.shape} for an "

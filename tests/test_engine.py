@@ -194,6 +194,90 @@ def test_python_scalars_never_upcast_float32():
         assert y.dtype == np.float32
 
 
+def test_numpy_scalars_and_0d_arrays_count_as_numbers():
+    """As in PyTorch: ``x / np.sqrt(d)`` keeps a float32 x float32 (NumPy 2 alone would give float64)."""
+    x = leaf([1.0, 2.0], np.float32)
+    for y in (
+        x / np.sqrt(4.0),
+        x * np.float64(2),
+        np.float64(2) * x,
+        x ** np.float64(2),
+        x * np.array(2.0),
+        np.array(2.0) - x,
+        x + np.int64(1),
+        x.masked_fill(np.array([True, False]), np.float64(3)),
+    ):
+        assert y.dtype == np.float32
+    assert (x / np.sqrt(4.0)).data.tolist() == [0.5, 1.0]
+    i = Tensor(np.arange(3))
+    assert (i * np.float64(2.5)).dtype == np.float64  # an int tensor still widens to a float number's dtype
+
+
+def test_equality_is_elementwise_and_truth_needs_one_value():
+    t = Tensor(np.array([0.0, 1.0, 2.0]))
+    assert (t == 0).data.tolist() == [True, False, False]
+    assert (t != 1.0).data.tolist() == [True, False, True]
+    assert (0 == t).data.tolist() == [True, False, False]
+    assert t.masked_fill(t == 0, 5.0).data.tolist() == [5.0, 1.0, 2.0]
+    assert (t == None) is False and (t != None) is True  # noqa: E711  (as torch: identity, not values)
+    assert not Tensor(np.array([0.0])) and Tensor(np.array(3.0))
+    with pytest.raises(RuntimeError, match=r"truth value of a tensor of shape \(3,\) \(3 values\) is ambiguous"):
+        bool(t > 5)
+    with pytest.raises(RuntimeError, match="ambiguous"):
+        bool(Tensor(np.zeros(0)))
+    assert {t: 1}[t] == 1 and t in [t] and len({t, Tensor(t.data)}) == 2  # hashed by identity
+
+
+def test_masked_fill_with_a_0d_tensor_value_passes_its_gradient():
+    """dL/dvalue = sum of g over the filled places, as torch.masked_fill with a 0-d value."""
+    a, v = leaf(np.ones((2, 3))), leaf(2.0)
+    mask = np.array([True, False, True])
+    y = a.masked_fill(mask, v)
+    assert y.data.tolist() == [[2.0, 1.0, 2.0]] * 2
+    g = np.arange(6.0).reshape(2, 3)
+    y.backward(g)
+    assert v.grad == 0.0 + 2.0 + 3.0 + 5.0
+    assert a.grad.tolist() == [[0.0, 1.0, 0.0], [0.0, 4.0, 0.0]]
+    with pytest.raises(ValueError, match=r"masked_fill: value must be a number or a 0-d tensor, got shape \(2,\)"):
+        a.masked_fill(mask, leaf([1.0, 2.0]))
+
+
+def test_reductions_take_pytorch_names_too():
+    x = leaf(np.arange(6.0).reshape(2, 3))
+    assert x.sum(dim=0).data.tolist() == [3.0, 5.0, 7.0]
+    assert x.mean(dim=-1, keepdim=True).data.tolist() == [[1.0], [4.0]]
+    assert x.max(dim=(0, 1)).data == 5.0
+    assert F.softmax(x, dim=0).shape == F.log_softmax(x, dim=0).shape == (2, 3)
+    np.testing.assert_allclose(F.softmax(x, dim=0).data.sum(axis=0), 1.0)
+    with pytest.raises(TypeError, match=r"sum: got both axis=0 and dim=1"):
+        x.sum(axis=0, dim=1)
+    with pytest.raises(TypeError, match="max: got both keepdims and keepdim"):
+        x.max(keepdims=True, keepdim=True)
+    with pytest.raises(TypeError, match=r"softmax: got both axis=0 and dim=0"):
+        F.softmax(x, 0, dim=0)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda x: x.sum(axis=2), np.exceptions.AxisError, r"sum: axis=2 is invalid for an input of shape \(2, 3\)"),
+        (lambda x: x.mean(axis=(0, 0)), ValueError, r"mean: axis=\(0, 0\) is invalid .*repeated axis"),
+        (lambda x: x.max(axis=1.5), TypeError, r"max: axis=1.5 is invalid for an input of shape \(2, 3\)"),
+        (lambda x: F.softmax(x, 2), np.exceptions.AxisError, r"softmax: axis=2 is invalid"),
+        (lambda x: F.log_softmax(x, (0, 1)), TypeError, r"log_softmax: axis must be an int, got \(0, 1\)"),
+    ],
+)
+def test_a_bad_reduction_axis_names_the_op_and_the_shape(call, error, match):
+    with pytest.raises(error, match=match):
+        call(leaf(np.ones((2, 3))))
+
+
+def test_softmax_over_an_empty_axis_is_empty():
+    x = leaf(np.zeros((2, 0)))
+    F.softmax(x, dim=-1).sum().backward()
+    assert x.grad.shape == (2, 0) and F.log_softmax(leaf(np.zeros((0, 3))), 0).shape == (0, 3)
+
+
 def test_integer_tensors_serve_as_indices_but_never_require_grad():
     idx = Tensor(np.array([2, 0]))
     w = leaf(np.arange(6.0).reshape(3, 2))
@@ -280,6 +364,29 @@ def test_a_user_defined_function_joins_the_tape():
     x = leaf([1.0, 3.0])
     (Square.apply(x) * 2.0).sum().backward()
     np.testing.assert_array_equal(x.grad, [4.0, 12.0])
+
+
+@pytest.mark.parametrize(
+    ("rule", "match"),
+    [
+        (lambda g: 2.0, "returned a float as the gradient of input 0"),
+        (lambda g: [2.0, 2.0], "returned a list as the gradient of input 0"),
+        (lambda g: Tensor(2 * g), "returned a Tensor as the gradient of input 0"),
+        (lambda g: 2 * g + 0j, "returned a complex128 gradient for input 0, which is real"),
+    ],
+)
+def test_a_backward_returning_something_other_than_a_real_array_is_named(rule, match):
+    class Bad(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return rule(g)
+
+    with pytest.raises(TypeError, match=rf"Bad.backward {match}"):
+        Bad.apply(leaf([1.0, 2.0])).backward(np.ones(2))
 
 
 def test_a_backward_returning_the_wrong_shape_is_caught():

@@ -50,6 +50,7 @@ def test_binary_ops_with_broadcasting(name, fn, ab):
         lambda s: st.tuples(arrays(s[0]), arrays(s[1], margin=0.5))
     )
 )
+@pytest.mark.filterwarnings("ignore:gradcheck. every Jacobian entry")  # a drawn a of zeros: d(a/b)/db = 0
 def test_div_with_broadcasting(ab):
     a, b = ab
     assert gradcheck(lambda x, y: x / y, (leaf(a), leaf(b)), **TOL)

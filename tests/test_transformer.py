@@ -45,7 +45,8 @@ def test_block_gradcheck_all_parameters_and_input(mode: str, norm: str, activati
     b = tiny_block(mode, norm, activation)
     inputs = block_inputs(b)(np.random.default_rng(7))
     assert len(inputs) == 1 + len(b.parameters())
-    assert gradcheck(block_fn(b), inputs, atol=1e-6, rtol=1e-5)
+    with key_bias_is_vacuous(b):
+        assert gradcheck(block_fn(b), inputs, atol=1e-6, rtol=1e-5)
 
 
 def test_block_gradcheck_with_key_padding_mask() -> None:
@@ -58,7 +59,15 @@ def test_block_gradcheck_with_key_padding_mask() -> None:
     def fn(x: Tensor, *params: Tensor) -> Tensor:
         return functional_call(b, dict(zip(names, params, strict=True)), x, key_padding_mask=pad)
 
-    assert gradcheck(fn, block_inputs(b)(np.random.default_rng(3)), atol=1e-6, rtol=1e-5)
+    with key_bias_is_vacuous(b):
+        assert gradcheck(fn, block_inputs(b)(np.random.default_rng(3)), atol=1e-6, rtol=1e-5)
+
+
+def key_bias_is_vacuous(b: TransformerBlock) -> pytest.WarningsRecorder:
+    """gradcheck warns that the key projection's bias has no Jacobian entry above atol: it adds q . b_k to
+    every score of a query, which softmax ignores, so its gradient is zero (and zero is what gets checked)."""
+    names = [n for n, _ in b.named_parameters()]
+    return pytest.warns(UserWarning, match=rf"input\(s\) {1 + names.index('attn.k_proj.bias')} is below atol")
 
 
 def test_fused_attention_matches_composition_of_primitives(rng: np.random.Generator) -> None:
