@@ -73,7 +73,7 @@ class SGD(Optimizer):
     def __init__(
         self,
         params: Iterable[Tensor],
-        lr: float,
+        lr: float = 1e-3,
         momentum: float = 0.0,
         dampening: float = 0.0,
         weight_decay: float = 0.0,

@@ -28,6 +28,9 @@ def test_sgd_plain_and_l2() -> None:
     p = param([1.0, -2.0])
     run(SGD([p], lr=0.1, weight_decay=0.5), p, [[0.0, 0.0]])  # L2: the gradient gains 0.5 * p
     np.testing.assert_allclose(p.data, [1.0 * (1 - 0.05), -2.0 * (1 - 0.05)])
+    p = param([1.0])
+    run(SGD([p]), p, [[2.0]])  # PyTorch's default lr, 1e-3
+    assert p.data[0] == 1.0 - 1e-3 * 2.0
 
 
 def test_sgd_momentum_closed_form() -> None:
