@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
 
 try:
     import hypothesis.extra.numpy as hnp
@@ -69,26 +70,77 @@ def arrays(
 
     ``margin`` keeps every value at least that far from 0; ``min_gap`` makes
     all values pairwise at least that far apart (values then lie on a grid of
-    that spacing, shifted by a random offset).
+    that spacing, shifted by a random offset, with the interval (-margin,
+    margin) cut out). Both hold exactly for the returned values, in their
+    dtype. A range too narrow for them is a ValueError: when the strategy is
+    built for a fixed ``shape``, when a shape is drawn for a strategy of shapes.
     """
     dtype = np.dtype(dtype)
     if min_gap > 0:
-        # grid points low + (i + offset) * min_gap, i = 0..k, offset in [0, 0.5]: all of them <= high (a
-        # point that would land exactly on high is left out, so that rounding cannot carry it past)
-        k = math.floor((high - low) / min_gap - 0.5 - 1e-9)
-        if k < 0:
-            raise ValueError(f"arrays: [{low}, {high}] is too narrow for values {min_gap} apart (min_gap)")
-        grid = hnp.arrays(np.int64, shape, elements=st.integers(0, k), unique=True)
-        return st.tuples(grid, st.floats(0, 0.5)).map(lambda t: (low + (t[0] + t[1]) * min_gap).astype(dtype))
-    if margin > 0:  # drawn from [low, -margin] and [margin, high] directly: a filter would reject too often
-        sides = [(max(low, margin), high), (low, min(high, -margin))]
-        pieces = [st.floats(a, b, allow_nan=False, allow_infinity=False, width=64) for a, b in sides if a <= b]
-        if not pieces:
-            raise ValueError(f"arrays: no value in [{low}, {high}] is at least {margin} away from 0")
-        elements = st.one_of(*pieces)
-    else:
-        elements = st.floats(low, high, allow_nan=False, allow_infinity=False, width=64)
-    return hnp.arrays(dtype, shape, elements=elements.map(float))
+        return _gap_arrays(shape, dtype, low, high, margin, min_gap)
+    # with a margin, drawn from [low, -margin] and [margin, high] directly: a filter would reject too often
+    sides = [(max(low, margin), high), (low, min(high, -margin))] if margin > 0 else [(low, high)]
+    pieces = [p for p in (_floats_between(a, b, dtype) for a, b in sides) if p is not None]
+    if not pieces:
+        away = f" is at least {margin} away from 0 (margin)" if margin > 0 else ""
+        raise ValueError(f"arrays: no {dtype} value in [{low}, {high}]{away}")
+    return hnp.arrays(dtype, shape, elements=st.one_of(*pieces))
+
+
+def _floats_between(a: float, b: float, dtype: np.dtype) -> st.SearchStrategy[float] | None:
+    """Floats exactly representable in ``dtype`` within [a, b] (None if there is none): a float64 value
+    would be rounded by the cast to a narrower dtype, possibly past a bound."""
+    real = np.finfo(dtype).dtype  # (the parts' dtype, for a complex one)
+    lo, hi = real.type(a), real.type(b)
+    # compared as Python floats: NumPy would compare a float32 with a Python float in float32
+    lo = float(lo if float(lo) >= a else np.nextafter(lo, real.type(np.inf)))
+    hi = float(hi if float(hi) <= b else np.nextafter(hi, real.type(-np.inf)))
+    if not lo <= hi:
+        return None
+    return st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=8 * real.itemsize)
+
+
+def _gap_arrays(
+    shape: Shape | st.SearchStrategy[Shape], dtype: np.dtype, low: float, high: float, margin: float, min_gap: float
+) -> st.SearchStrategy[np.ndarray]:
+    """``arrays`` with ``min_gap > 0``: distinct grid points of the allowed set [low, -margin] u [margin, high].
+
+    The allowed pieces are laid end to end on a line u in [0, total]; u = (i + offset) * gap, i distinct
+    integers in 0..k, offset in [0, 1/2], is mapped back piece by piece. That map moves points apart
+    (by the cut-out width) and never closer, so grid points gap apart stay gap apart, and no point lands in
+    (-margin, margin). Each value is computed with an error below ``slack`` (a few roundings of numbers
+    at most ``scale``, then one to ``dtype``), so building with margin + slack, gap + 2 * slack and
+    [low + slack, high - slack] keeps every guarantee exact after rounding.
+    """
+    scale = max(abs(low), abs(high), high - low)
+    slack = 8 * scale * float(np.finfo(dtype).eps)
+    lo, hi, cut, gap = low + slack, high - slack, margin + slack, min_gap + 2 * slack
+    sides = [(lo, min(hi, -cut)), (max(lo, cut), hi)] if margin > 0 else [(lo, hi)]
+    starts = np.array([a for a, b in sides if a <= b])
+    lengths = np.array([b - a for a, b in sides if a <= b])
+    offsets = np.concatenate(([0.0], np.cumsum(lengths)[:-1]))  # where each piece starts on the line u
+    # (k + 1/2) * gap <= total; 1e-9 keeps a point that would land on the end from being rounded past it
+    k = math.floor(lengths.sum() / gap - 0.5 - 1e-9) if lengths.size else -1
+    values = f"values {min_gap} apart (min_gap)" + (f" and {margin} away from 0 (margin)" if margin > 0 else "")
+    if k < 0:
+        raise ValueError(f"arrays: [{low}, {high}] is too narrow for {values}")
+
+    def fits(s: Shape) -> Shape:
+        if math.prod(s) > k + 1:
+            raise ValueError(
+                f"arrays: [{low}, {high}] holds at most {k + 1} {values}, fewer than the {math.prod(s)} of shape {s}"
+            )
+        return s
+
+    shape = shape.map(fits) if isinstance(shape, st.SearchStrategy) else fits(shape)
+
+    def place(t: tuple[np.ndarray, float]) -> np.ndarray:
+        u = (t[0] + t[1]) * gap
+        piece = np.searchsorted(offsets, u, side="right") - 1
+        return (starts[piece] + (u - offsets[piece])).astype(dtype)
+
+    grid = hnp.arrays(np.int64, shape, elements=st.integers(0, k), unique=True)
+    return st.tuples(grid, st.floats(0, 0.5)).map(place)
 
 
 def dtypes(choices: Sequence[type] = (np.float32, np.float64)) -> st.SearchStrategy[np.dtype]:
@@ -106,7 +158,10 @@ def ensure_spread(
     spread of at least min_std. ``mask`` (broadcastable to ``a``) restricts the
     groups to their valid values; groups with fewer than 2 values are left alone.
     """
-    axes = tuple(ax % a.ndim for ax in ((axes,) if isinstance(axes, int) else axes))
+    try:  # (not ``ax % a.ndim``: it wraps an axis out of range around, and divides by 0 for a 0-d array)
+        axes = normalize_axis_tuple(axes, a.ndim)
+    except ValueError as e:  # AxisError, or an axis repeated
+        raise ValueError(f"ensure_spread: axes={axes!r} for an array of shape {a.shape}: {e}") from None
     keep = [ax for ax in range(a.ndim) if ax not in axes]
     order = keep + list(axes)
     moved = np.array(np.transpose(a, order), order="C", copy=True)  # rows below are views of it
@@ -157,7 +212,15 @@ def layer_norm_shapes(
 
 
 def masks(shape: Shape, min_valid: int = 2) -> st.SearchStrategy[np.ndarray]:
-    """Boolean masks of ``shape`` (N, *spatial) with at least ``min_valid`` True values in each sample."""
+    """Boolean masks of ``shape`` (N, *spatial) with at least ``min_valid`` True values in each sample.
+
+    A sample of fewer than ``min_valid`` positions cannot have them: ValueError.
+    """
+    if len(shape) < 1 or min_valid > math.prod(shape[1:]):
+        raise ValueError(
+            f"masks: min_valid={min_valid} True values per sample need a shape (N, *spatial) with at least as "
+            f"many positions per sample, got {shape}"
+        )
 
     def at_least(m: np.ndarray) -> np.ndarray:
         rows = m.reshape(m.shape[0], -1)
