@@ -95,6 +95,51 @@ BAD = [
     (lambda: nn.GroupNorm(2, 3), ValueError, ["GroupNorm", "num_channels=3", "num_groups=2"]),
     (lambda: nn.LayerNorm(4, eps=0), ValueError, ["LayerNorm", "eps"]),
     (lambda: nn.LayerNorm(4)(np.zeros((2, 5), np.float32)), ValueError, ["layer_norm", "(4,)", "(2, 5)"]),
+    # switches, momentum and sizes of the wrong type: refused, not read by truth value, float() or int()
+    (lambda: batch_norm(X, None, None, training="False"), TypeError, ["batch_norm", "training", "str", "'False'"]),
+    (lambda: batch_norm(X, None, None, training=1), TypeError, ["batch_norm", "training must be a bool", "int"]),
+    (lambda: instance_norm(X, use_input_stats="False"), TypeError, ["instance_norm", "use_input_stats", "str"]),
+    (
+        lambda: batch_norm(X, np.zeros(3), np.ones(3), training=True, momentum="0.5"),
+        TypeError,
+        ["batch_norm", "momentum", "'0.5'"],
+    ),
+    (lambda: batch_norm(X, np.zeros(3), np.ones(3), momentum="0.5"), TypeError, ["batch_norm", "momentum"]),
+    (lambda: instance_norm(X, momentum=1j), TypeError, ["instance_norm", "momentum", "complex"]),
+    (lambda: layer_norm(X, 4.0), TypeError, ["layer_norm", "normalized_shape", "float 4.0"]),
+    (lambda: layer_norm(X, None), TypeError, ["layer_norm", "normalized_shape", "NoneType"]),
+    (lambda: layer_norm(X, [4.0]), TypeError, ["layer_norm", "normalized_shape", "[4.0]"]),
+    (lambda: layer_norm(np.zeros((2, 1)), (True,)), TypeError, ["layer_norm", "normalized_shape", "(True,)"]),
+    (lambda: rms_norm(X, "4"), TypeError, ["rms_norm", "normalized_shape", "str '4'"]),
+    (lambda: layer_norm(X, (-4,)), ValueError, ["layer_norm", "normalized_shape=(-4,)", "negative"]),
+    (lambda: group_norm(X, None), TypeError, ["group_norm", "num_groups must be an int", "NoneType"]),
+    (lambda: group_norm(X, 3.0), TypeError, ["group_norm", "num_groups", "float 3.0"]),
+    (lambda: group_norm(X, True), TypeError, ["group_norm", "num_groups", "bool"]),
+    (lambda: nn.GroupNorm(2.0, 6), TypeError, ["GroupNorm", "num_groups", "float 2.0"]),
+    (lambda: nn.GroupNorm(2, 6.0), TypeError, ["GroupNorm", "num_channels", "float 6.0"]),
+    (lambda: nn.GroupNorm(2, -6), ValueError, ["GroupNorm", "num_channels", ">= 0", "-6"]),
+    (lambda: nn.LayerNorm(-1), ValueError, ["LayerNorm", "normalized_shape=(-1,)", "negative"]),
+    (lambda: nn.LayerNorm((2, -3)), ValueError, ["LayerNorm", "normalized_shape=(2, -3)"]),
+    (lambda: nn.RMSNorm(4.0), TypeError, ["RMSNorm", "normalized_shape", "float"]),
+    (lambda: nn.BatchNorm1d(-1), ValueError, ["BatchNorm1d", "num_features", ">= 0", "-1"]),
+    (lambda: nn.InstanceNorm3d(3.0), TypeError, ["InstanceNorm3d", "num_features", "float"]),
+    (lambda: nn.BatchNorm2d(3, momentum="0.5"), TypeError, ["BatchNorm2d", "momentum", "'0.5'"]),
+    (lambda: nn.BatchNorm1d(3, affine="False"), TypeError, ["BatchNorm1d", "affine must be a bool"]),
+    (lambda: nn.InstanceNorm1d(3, track_running_stats="False"), TypeError, ["InstanceNorm1d", "track_running_stats"]),
+    (lambda: nn.BatchNorm3d(3, bias=0), TypeError, ["BatchNorm3d", "bias must be a bool", "int"]),
+    (lambda: nn.GroupNorm(1, 3, bias="False"), TypeError, ["GroupNorm", "bias"]),
+    (lambda: nn.LayerNorm(3, elementwise_affine="False"), TypeError, ["LayerNorm", "elementwise_affine"]),
+    (lambda: nn.BatchNorm1d(3).train("False"), ValueError, ["BatchNorm1d.train", "mode must be a bool", "'False'"]),
+    # the 3-d modules' ranks, as PyTorch's _check_input_dim
+    (lambda: nn.BatchNorm3d(3)(np.zeros((2, 3, 4, 5), np.float32)), ValueError, ["BatchNorm3d", "5D", "got 4D"]),
+    (lambda: nn.InstanceNorm3d(3)(np.zeros((3, 4, 5), np.float32)), ValueError, ["InstanceNorm3d", "4D or 5D", "3D"]),
+    (
+        lambda: nn.InstanceNorm1d(12, track_running_stats=True)(np.zeros((2, 10, 5), np.float32)),
+        ValueError,
+        ["InstanceNorm1d", "num_features (12)", "(2, 10, 5)"],
+    ),
+    (lambda: nn.BatchNorm1d(3).load_state_dict([1]), TypeError, ["load_state_dict", "mapping", "list"]),
+    (lambda: nn.BatchNorm1d(3).load_state_dict({}, strict="no"), TypeError, ["load_state_dict", "strict", "'no'"]),
 ]
 
 
@@ -118,7 +163,7 @@ def test_functionals_are_exported_with_pytorch_names_and_defaults() -> None:
 
     assert F.layer_norm is layer_norm and F.batch_norm is batch_norm and F.group_norm is group_norm
     params = inspect.signature(F.batch_norm).parameters
-    assert list(params)[:8] == ["x", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
+    assert list(params)[:8] == ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
     assert params["training"].default is False and params["momentum"].default == 0.1 and params["eps"].default == 1e-5
     assert inspect.signature(F.rms_norm).parameters["eps"].default is None
     assert inspect.signature(F.instance_norm).parameters["use_input_stats"].default is True
@@ -139,6 +184,55 @@ def test_modules_have_pytorch_parameters_and_buffers(dtype) -> None:
     assert nn.LayerNorm(3, elementwise_affine=False).parameters() == []
     assert nn.RMSNorm(3, dtype=dtype).weight.dtype == dtype
     assert [p.shape for p in nn.GroupNorm(2, 4).parameters()] == [(4,), (4,)]
+    # bias=False keeps the weight only; the running buffers do not depend on it
+    bn3 = nn.BatchNorm3d(3, bias=False, dtype=dtype)
+    assert [n for n, _ in bn3.named_parameters()] == ["weight"] and bn3.bias is None
+    assert sorted(bn3.state_dict()) == ["num_batches_tracked", "running_mean", "running_var", "weight"]
+    assert [n for n, _ in nn.InstanceNorm3d(3, affine=True, bias=False).named_parameters()] == ["weight"]
+    assert [n for n, _ in nn.GroupNorm(2, 4, bias=False).named_parameters()] == ["weight"]
+    assert nn.BatchNorm1d(3, affine=False, bias=True).parameters() == []
+
+
+def test_bias_false_modules_scale_without_shifting(rng) -> None:
+    """y = xhat * weight: the normalized input of NumPy's statistics, scaled, with no bias added."""
+    x = rng.standard_normal((3, 4, 2, 3, 2)) * 2 + 1
+    w = rng.standard_normal(4)
+    for module, axes in (
+        (nn.BatchNorm3d(4, bias=False, dtype=np.float64), (0, 2, 3, 4)),
+        (nn.InstanceNorm3d(4, affine=True, bias=False, dtype=np.float64), (2, 3, 4)),
+        (nn.GroupNorm(4, 4, bias=False, dtype=np.float64), (2, 3, 4)),
+    ):
+        module.weight.data[...] = w
+        xhat = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(x.var(axis=axes, keepdims=True) + 1e-5)
+        np.testing.assert_allclose(module(x).data, xhat * w[:, None, None, None], atol=1e-12)
+
+
+def test_a_refused_switch_or_momentum_leaves_the_running_buffers_alone(rng) -> None:
+    """The text "False" was read as true: a training step that updated the buffers. Now nothing moves."""
+    x = rng.standard_normal((4, 3, 5))
+    rm, rv = np.zeros(3), np.ones(3)
+    for call in (
+        lambda: batch_norm(x, rm, rv, training="False"),
+        lambda: batch_norm(x, rm, rv, training=True, momentum="0.5"),
+        lambda: instance_norm(x, rm, rv, use_input_stats="False", momentum=1.0),
+    ):
+        with pytest.raises(TypeError):
+            call()
+        np.testing.assert_array_equal(rm, np.zeros(3))
+        np.testing.assert_array_equal(rv, np.ones(3))
+
+
+def test_numpy_bools_are_read_as_their_value(rng) -> None:
+    x = rng.standard_normal((4, 3, 5))
+    rm, rv = rng.standard_normal(3), rng.uniform(0.5, 2.0, 3)
+    before = rm.copy(), rv.copy()
+    y = batch_norm(x, rm, rv, training=np.bool_(False))  # the buffers normalize, and stay as they were
+    np.testing.assert_allclose(y.data, (x - rm[:, None]) / np.sqrt(rv[:, None] + 1e-5), atol=1e-12)
+    np.testing.assert_array_equal(np.stack([rm, rv]), np.stack(before))
+    batch_norm(x, rm, rv, training=np.bool_(True), momentum=1.0)  # the batch statistics replace them
+    np.testing.assert_allclose(rm, x.mean(axis=(0, 2)), atol=1e-14)
+    bn = nn.BatchNorm1d(3).train(np.bool_(False))
+    assert bn.training is False
 
 
 def test_batch_norm_module_updates_running_buffers_with_unbiased_variance(rng) -> None:
@@ -208,9 +302,77 @@ def test_state_dict_round_trip(rng) -> None:
     a = nn.BatchNorm1d(3, dtype=np.float64)
     a(rng.standard_normal((4, 3)))
     b = nn.BatchNorm1d(3, dtype=np.float64)
-    b.load_state_dict(a.state_dict())
+    result = b.load_state_dict(a.state_dict())
+    assert result == ([], []) and repr(result) == "<All keys matched successfully>"
     for k, v in a.state_dict().items():
         assert np.array_equal(b.state_dict()[k], v)
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(3, dtype=np.float64)
+        self.ln = nn.LayerNorm(3, dtype=np.float64)
+
+
+def test_load_state_dict_not_strict_loads_what_it_can_and_lists_the_rest() -> None:
+    net = _Net()
+    state = {"bn.weight": np.full(3, 2.0), "ln.bias": np.full(3, 5.0), "head.weight": np.zeros(2)}
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    assert sorted(missing) == ["bn.bias", "bn.running_mean", "bn.running_var", "ln.weight"]
+    assert unexpected == ["head.weight"]
+    np.testing.assert_array_equal(net.bn.weight.data, np.full(3, 2.0))
+    np.testing.assert_array_equal(net.ln.bias.data, np.full(3, 5.0))
+    np.testing.assert_array_equal(net.bn.bias.data, np.zeros(3))  # missing: left as it was
+
+
+def test_load_state_dict_without_num_batches_tracked_keeps_the_count(rng) -> None:
+    """As PyTorch with a state dict that has no version: the counter is filled from the module, even
+    with strict=True; any other missing entry is still an error."""
+    net = _Net()
+    net.bn(rng.standard_normal((4, 3)))
+    net.bn(rng.standard_normal((4, 3)))
+    state = _Net().state_dict()
+    state["bn.running_mean"][...] = 7.0
+    del state["bn.num_batches_tracked"]
+    assert net.load_state_dict(state) == ([], [])
+    assert net.bn.num_batches_tracked == 2
+    np.testing.assert_array_equal(net.bn.running_mean, np.full(3, 7.0))
+    del state["bn.running_var"]
+    with pytest.raises(RuntimeError, match=re.escape('Missing key(s) in state_dict: "bn.running_var".')):
+        net.load_state_dict(state)
+    untracked = nn.BatchNorm1d(3, track_running_stats=False)
+    with pytest.raises(RuntimeError, match=re.escape('Unexpected key(s) in state_dict: "num_batches_tracked"')):
+        untracked.load_state_dict({**untracked.state_dict(), "num_batches_tracked": np.array(0)})
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_failed_load_lists_every_problem_and_copies_nothing(strict) -> None:
+    net = _Net()
+    before = net.state_dict()
+    state = {k: np.full_like(v, 9) for k, v in _Net().state_dict().items()}
+    del state["ln.weight"]
+    state["extra"] = np.zeros(1)
+    state["bn.bias"] = np.zeros(4)
+    state["ln.bias"] = np.zeros((1, 3))
+    with pytest.raises(RuntimeError) as info:
+        net.load_state_dict(state, strict=strict)
+    lines = str(info.value).split("\n\t")
+    expected = [
+        "Error(s) in loading state_dict for _Net:",
+        *(
+            ['Missing key(s) in state_dict: "ln.weight".', 'Unexpected key(s) in state_dict: "extra".']
+            if strict
+            else []
+        ),
+        "size mismatch for bn.bias: copying a param with shape (4,) from checkpoint, the shape in current model "
+        "is (3,).",
+        "size mismatch for ln.bias: copying a param with shape (1, 3) from checkpoint, the shape in current "
+        "model is (3,).",
+    ]
+    assert lines == expected
+    for k, v in net.state_dict().items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
 
 
 # -- an empty batch ----------------------------------------------------------------------------------------

@@ -6,9 +6,11 @@ from minigrad_norm.nn.module import Module, ModuleList, Parameter, functional_ca
 from minigrad_norm.nn.norm import (
     BatchNorm1d,
     BatchNorm2d,
+    BatchNorm3d,
     GroupNorm,
     InstanceNorm1d,
     InstanceNorm2d,
+    InstanceNorm3d,
     LayerNorm,
     RMSNorm,
 )
@@ -29,7 +31,9 @@ __all__ = [
     "RMSNorm",
     "BatchNorm1d",
     "BatchNorm2d",
+    "BatchNorm3d",
     "InstanceNorm1d",
     "InstanceNorm2d",
+    "InstanceNorm3d",
     "GroupNorm",
 ]

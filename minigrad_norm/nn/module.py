@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,6 +27,19 @@ class Parameter(Tensor):
 
     def __init__(self, data: Any, requires_grad: bool = True) -> None:
         super().__init__(data, requires_grad=requires_grad)
+
+
+class IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict(..., strict=False)`` left out, as PyTorch's ``_IncompatibleKeys``: the
+    module's entries the state dict lacked, and the state dict's entries the module has no place for."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+    def __repr__(self) -> str:
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return f"IncompatibleKeys(missing_keys={self.missing_keys}, unexpected_keys={self.unexpected_keys})"
 
 
 class Module:
@@ -104,8 +117,12 @@ class Module:
 
     # -- modes and gradients -------------------------------------------------------------
     def train(self, mode: bool = True) -> Module:
+        # as PyTorch (ValueError): "False" would be read as true, and the norms would then refuse the
+        # flag they are passed at every forward
+        if not isinstance(mode, bool | np.bool_):
+            raise ValueError(f"{type(self).__name__}.train: mode must be a bool, got {type(mode).__name__} {mode!r}")
         for _, module in self.named_modules():
-            module.training = mode
+            module.training = bool(mode)
         return self
 
     def eval(self) -> Module:
@@ -122,29 +139,48 @@ class Module:
         state.update({name: np.array(b, copy=True) for name, b in self.named_buffers()})
         return state
 
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Copy ``state`` into the parameters and buffers in place; strict about names and shapes.
+    def _optional_state(self) -> tuple[str, ...]:
+        """This module's own entries (not its submodules') that a state dict may lack: the module then
+        keeps its value, even with ``strict``."""
+        return ()
 
-        Everything is checked before anything is copied, so a failed load
-        leaves the module as it was. Values are cast to each target's dtype.
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> IncompatibleKeys:
+        """Copy ``state_dict`` into the parameters and buffers in place, as PyTorch's ``load_state_dict``.
+
+        With ``strict`` a missing or unexpected key is an error; without it those are skipped, the rest is
+        loaded, and the returned ``IncompatibleKeys`` lists them. A shape mismatch is an error either way.
+        Errors are ``RuntimeError`` listing every problem, as PyTorch's ("Error(s) in loading state_dict
+        for ..."). Everything is checked before anything is copied, so a failed load leaves the module as
+        it was (PyTorch copies the entries before the failing one). Values are cast to each target's dtype.
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"load_state_dict: expected state_dict to be a mapping, got {type(state_dict).__name__}")
+        if not isinstance(strict, bool | np.bool_):
+            raise TypeError(f"load_state_dict: strict must be a bool, got {type(strict).__name__} {strict!r}")
         targets: dict[str, np.ndarray] = {name: p.data for name, p in self.named_parameters()}
         targets.update({name: np.asarray(b) for name, b in self.named_buffers()})
-        missing = sorted(set(targets) - set(state))
-        unexpected = sorted(set(state) - set(targets))
-        if missing or unexpected:
-            raise KeyError(
-                f"load_state_dict for {type(self).__name__}: missing keys {missing}, unexpected keys {unexpected}"
+        optional = {f"{prefix}{name}" for prefix, module in self.named_modules() for name in module._optional_state()}
+        missing = [name for name in targets if name not in state_dict and name not in optional]
+        unexpected = [name for name in state_dict if name not in targets]
+        loaded = {name: np.asarray(state_dict[name]) for name in targets if name in state_dict}
+        errors = []
+        for kind, keys in (("Missing", missing), ("Unexpected", unexpected)):
+            if strict and keys:
+                quoted = ", ".join(f'"{k}"' for k in keys)
+                errors.append(f"{kind} key(s) in state_dict: {quoted}.")
+        errors += [
+            f"size mismatch for {name}: copying a param with shape {value.shape} from checkpoint, the shape in "
+            f"current model is {targets[name].shape}."
+            for name, value in loaded.items()
+            if value.shape != targets[name].shape
+        ]
+        if errors:
+            raise RuntimeError(
+                f"Error(s) in loading state_dict for {type(self).__name__}:" + "".join(f"\n\t{e}" for e in errors)
             )
-        values = {name: np.asarray(state[name]) for name in targets}
-        for name, target in targets.items():
-            if values[name].shape != target.shape:
-                raise ValueError(
-                    f"load_state_dict for {type(self).__name__}: {name!r} has shape {values[name].shape} in "
-                    f"the state dict but {target.shape} in the module"
-                )
-        for name, target in targets.items():
-            target[...] = values[name]
+        for name, value in loaded.items():
+            targets[name][...] = value
+        return IncompatibleKeys(missing, unexpected)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the state dict to ``path`` as an ``.npz`` archive (exactly that path: no suffix is added)."""
@@ -152,7 +188,7 @@ class Module:
             np.savez(f, **self.state_dict())
 
     def load(self, path: str | os.PathLike[str]) -> None:
-        """Load a state dict written by ``save`` (strict, as ``load_state_dict``)."""
+        """Load a state dict written by ``save`` (with ``load_state_dict``'s default, ``strict``)."""
         with np.load(path, allow_pickle=False) as f:
             self.load_state_dict({k: f[k] for k in f.files})
 

@@ -23,16 +23,12 @@ import numpy as np
 
 from minigrad_norm.nn.module import Module, Parameter
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
-from minigrad_norm.norms._function import check_eps
+from minigrad_norm.norms._function import check_eps, check_flag, check_int, check_momentum, check_normalized_shape
 from minigrad_norm.tensor import Tensor
 
 
 def _param(value: float, shape: tuple[int, ...], dtype: Any) -> Parameter:
     return Parameter(np.full(shape, value, dtype=dtype))
-
-
-def _shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
-    return (int(normalized_shape),) if isinstance(normalized_shape, int | np.integer) else tuple(normalized_shape)
 
 
 class LayerNorm(Module):
@@ -47,17 +43,21 @@ class LayerNorm(Module):
         dtype: Any = np.float32,
     ) -> None:
         super().__init__()
-        self.normalized_shape = _shape(normalized_shape)
+        self.normalized_shape = check_normalized_shape("LayerNorm", normalized_shape)
         self.eps = check_eps("LayerNorm", eps)
-        self.elementwise_affine = elementwise_affine
-        self.weight = _param(1.0, self.normalized_shape, dtype) if elementwise_affine else None
-        self.bias = _param(0.0, self.normalized_shape, dtype) if elementwise_affine and bias else None
+        self.elementwise_affine = check_flag("LayerNorm", "elementwise_affine", elementwise_affine)
+        bias = check_flag("LayerNorm", "bias", bias)
+        self.weight = _param(1.0, self.normalized_shape, dtype) if self.elementwise_affine else None
+        self.bias = _param(0.0, self.normalized_shape, dtype) if self.elementwise_affine and bias else None
 
     def forward(self, x: Any) -> Tensor:
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+            f"bias={self.bias is not None}"
+        )
 
 
 class RMSNorm(Module):
@@ -71,10 +71,10 @@ class RMSNorm(Module):
         dtype: Any = np.float32,
     ) -> None:
         super().__init__()
-        self.normalized_shape = _shape(normalized_shape)
+        self.normalized_shape = check_normalized_shape("RMSNorm", normalized_shape)
         self.eps = None if eps is None else check_eps("RMSNorm", eps)
-        self.elementwise_affine = elementwise_affine
-        self.weight = _param(1.0, self.normalized_shape, dtype) if elementwise_affine else None
+        self.elementwise_affine = check_flag("RMSNorm", "elementwise_affine", elementwise_affine)
+        self.weight = _param(1.0, self.normalized_shape, dtype) if self.elementwise_affine else None
 
     def forward(self, x: Any) -> Tensor:
         return rms_norm(x, self.normalized_shape, self.weight, self.eps)
@@ -84,7 +84,11 @@ class RMSNorm(Module):
 
 
 class _NormBase(Module):
-    """The state shared by BatchNorm and InstanceNorm: affine parameters and running buffers."""
+    """The state shared by BatchNorm and InstanceNorm: affine parameters and running buffers.
+
+    ``bias=False`` (keyword-only, as in PyTorch) keeps the weight and drops the bias; it means nothing
+    without ``affine``.
+    """
 
     name = "_NormBase"
     dims: tuple[int, ...] = ()  # the input ranks accepted
@@ -97,16 +101,20 @@ class _NormBase(Module):
         affine: bool = True,
         track_running_stats: bool = True,
         dtype: Any = np.float32,
+        *,
+        bias: bool = True,
     ) -> None:
         super().__init__()
-        self.num_features = int(num_features)
-        self.eps = check_eps(self.name, eps)
-        self.momentum = momentum
-        self.affine = affine
-        self.track_running_stats = track_running_stats
-        self.weight = _param(1.0, (self.num_features,), dtype) if affine else None
-        self.bias = _param(0.0, (self.num_features,), dtype) if affine else None
-        tracked = track_running_stats
+        op = self.name
+        self.num_features = check_int(op, "num_features", num_features, minimum=0)
+        self.eps = check_eps(op, eps)
+        self.momentum = check_momentum(op, momentum)
+        self.affine = check_flag(op, "affine", affine)
+        self.track_running_stats = check_flag(op, "track_running_stats", track_running_stats)
+        bias = check_flag(op, "bias", bias)
+        self.weight = _param(1.0, (self.num_features,), dtype) if self.affine else None
+        self.bias = _param(0.0, (self.num_features,), dtype) if self.affine and bias else None
+        tracked = self.track_running_stats
         self.register_buffer("running_mean", np.zeros(self.num_features, dtype=dtype) if tracked else None)
         self.register_buffer("running_var", np.ones(self.num_features, dtype=dtype) if tracked else None)
         self.register_buffer("num_batches_tracked", np.array(0, dtype=np.int64) if tracked else None)
@@ -125,10 +133,15 @@ class _NormBase(Module):
             raise ValueError(f"{self.name}: expected {dims} input (got {x.ndim}D input of shape {x.shape})")
         return x
 
+    def _optional_state(self) -> tuple[str, ...]:
+        # as PyTorch with a state dict without version metadata (ours have none): a missing counter is
+        # no error, and the module keeps its own count
+        return ("num_batches_tracked",) if self.track_running_stats else ()
+
     def extra_repr(self) -> str:
         return (
             f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-            f"track_running_stats={self.track_running_stats}"
+            f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}"
         )
 
 
@@ -173,6 +186,13 @@ class BatchNorm2d(_BatchNorm):
     dims = (4,)
 
 
+class BatchNorm3d(_BatchNorm):
+    """BatchNorm over (N, C, D, H, W): statistics per channel over N, D, H and W."""
+
+    name = "BatchNorm3d"
+    dims = (5,)
+
+
 class _InstanceNorm(_NormBase):
     def __init__(
         self,
@@ -182,9 +202,11 @@ class _InstanceNorm(_NormBase):
         affine: bool = False,
         track_running_stats: bool = False,
         dtype: Any = np.float32,
+        *,
+        bias: bool = True,
     ) -> None:
         # PyTorch's InstanceNorm defaults differ from BatchNorm's: no affine, no running statistics
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype, bias=bias)
 
     def forward(self, x: Any, mask: np.ndarray | None = None) -> Tensor:
         """An unbatched input (C, *) is normalized as a batch of one, as PyTorch does."""
@@ -230,25 +252,44 @@ class InstanceNorm2d(_InstanceNorm):
     dims = (3, 4)
 
 
+class InstanceNorm3d(_InstanceNorm):
+    """InstanceNorm over (N, C, D, H, W) or unbatched (C, D, H, W): statistics per (sample, channel) over
+    D, H, W."""
+
+    name = "InstanceNorm3d"
+    dims = (4, 5)
+
+
 class GroupNorm(Module):
     """GroupNorm: C channels in ``num_groups`` groups, statistics per (sample, group); affine per channel."""
 
     def __init__(
-        self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, dtype: Any = np.float32
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        dtype: Any = np.float32,
+        *,
+        bias: bool = True,
     ) -> None:
         super().__init__()
-        if num_groups <= 0 or num_channels % num_groups:
+        # refused here, where PyTorch's constructor takes GroupNorm(2.0, 6) and its forward refuses it
+        self.num_groups = check_int("GroupNorm", "num_groups", num_groups)
+        self.num_channels = check_int("GroupNorm", "num_channels", num_channels, minimum=0)
+        if self.num_groups <= 0 or self.num_channels % self.num_groups:
             raise ValueError(
                 f"GroupNorm: num_channels={num_channels} must be divisible by num_groups={num_groups} (> 0)"
             )
-        self.num_groups, self.num_channels = int(num_groups), int(num_channels)
         self.eps = check_eps("GroupNorm", eps)
-        self.affine = affine
-        self.weight = _param(1.0, (self.num_channels,), dtype) if affine else None
-        self.bias = _param(0.0, (self.num_channels,), dtype) if affine else None
+        self.affine = check_flag("GroupNorm", "affine", affine)
+        bias = check_flag("GroupNorm", "bias", bias)
+        self.weight = _param(1.0, (self.num_channels,), dtype) if self.affine else None
+        self.bias = _param(0.0, (self.num_channels,), dtype) if self.affine and bias else None
 
     def forward(self, x: Any) -> Tensor:
         return group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+        bias = self.bias is not None
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, bias={bias}"

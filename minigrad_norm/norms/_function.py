@@ -39,8 +39,9 @@ BatchNorm channel of N = 0 samples the kernels would divide 0 by 0.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -206,6 +207,65 @@ def check_eps(op: str, eps: Any, *, allow_zero: bool = False) -> float:
     return value
 
 
+def check_flag(op: str, name: str, value: Any) -> bool:
+    """A switch (``training``, ``use_input_stats``, a module's ``affine``...) must be a bool (Python's or
+    NumPy's): anything else would be read by its truth value, and the text "False" is true.
+
+    PyTorch's functionals refuse the rest with TypeError too, ints included (``training=1``).
+    """
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_momentum(op: str, momentum: Any) -> float | None:
+    """``momentum`` is a real number (as PyTorch, ints and NumPy scalars included) or None; not text,
+    which ``float`` would read ("0.5") and PyTorch refuses. None is refused later, where it would be used
+    (``running_stats``)."""
+    if momentum is None:
+        return None
+    if not isinstance(momentum, numbers.Real):
+        raise TypeError(f"{op}: momentum must be a real number or None, got {type(momentum).__name__} {momentum!r}")
+    return float(momentum)
+
+
+def check_int(op: str, name: str, value: Any, *, minimum: int | None = None) -> int:
+    """A count (``num_groups``, ``num_features``...) must be an int (Python's or NumPy's) and not a bool,
+    as in PyTorch, where ``int()`` would truncate 2.5 or read "2"; ``>= minimum`` when one is given."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{op}: {name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_normalized_shape(op: str, normalized_shape: Any) -> tuple[int, ...]:
+    """``normalized_shape`` as a tuple of sizes >= 0: an int or a sequence of ints (not bools, as in
+    ``check_int``).
+
+    Whether it is non-empty and matches the input is for ``row_view`` (a module checks that at its
+    forward, as PyTorch's ``LayerNorm(())`` does).
+    """
+    message = (
+        f"{op}: normalized_shape must be an int or a sequence of ints, got "
+        f"{type(normalized_shape).__name__} {normalized_shape!r}"
+    )
+    if isinstance(normalized_shape, str | bytes | bool | np.bool_):
+        raise TypeError(message)
+    if isinstance(normalized_shape, int | np.integer):
+        dims: tuple[Any, ...] = (normalized_shape,)
+    else:
+        try:
+            dims = tuple(normalized_shape)
+        except TypeError:
+            raise TypeError(message) from None
+    if any(isinstance(d, bool | np.bool_) or not isinstance(d, int | np.integer) for d in dims):
+        raise TypeError(message)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{op}: normalized_shape={tuple(int(d) for d in dims)} must have no negative size")
+    return tuple(int(d) for d in dims)
+
+
 def check_affine(op: str, name: str, value: Any, shape: tuple[int, ...], x_shape: tuple[int, ...]) -> Any:
     """``weight``/``bias`` must be None or have exactly ``shape``; returned unchanged (Tensor or array)."""
     if value is None:
@@ -279,8 +339,11 @@ def check_buffer_pair(op: str, mean: np.ndarray | None, var: np.ndarray | None) 
         )
 
 
-def running_stats(op: str, mean: np.ndarray | None, var: np.ndarray | None, momentum: Any) -> RunningStats | None:
-    """The buffers a training-mode forward updates, or None when there are none."""
+def running_stats(
+    op: str, mean: np.ndarray | None, var: np.ndarray | None, momentum: float | None
+) -> RunningStats | None:
+    """The buffers a training-mode forward updates, or None when there are none; ``momentum`` as
+    ``check_momentum`` returns it."""
     if mean is None or var is None:  # (both, after check_buffer_pair)
         return None
     if momentum is None:
@@ -288,7 +351,7 @@ def running_stats(op: str, mean: np.ndarray | None, var: np.ndarray | None, mome
             f"{op}: momentum=None (a cumulative average) needs the batch counter of a module; the functional "
             "form takes a number (the module passes 1 / num_batches_tracked)"
         )
-    return RunningStats(mean, var, float(momentum))
+    return RunningStats(mean, var, momentum)
 
 
 def given_stats(op: str, mean: np.ndarray | None, var: np.ndarray | None, flag: str) -> tuple[np.ndarray, np.ndarray]:
@@ -296,6 +359,53 @@ def given_stats(op: str, mean: np.ndarray | None, var: np.ndarray | None, flag: 
     if mean is None or var is None:
         raise ValueError(f"{op}: running_mean and running_var are required when {flag} (they normalize the input)")
     return mean, var
+
+
+class ChannelArgs(NamedTuple):
+    """A BatchNorm/InstanceNorm call's arguments after ``channel_args``' checks and those below."""
+
+    x: Tensor
+    weight: Any
+    bias: Any
+    eps: float
+    view: View
+    mask: np.ndarray | None
+    stats: tuple[np.ndarray, np.ndarray] | None  # the running buffers, when they are the statistics
+    running_mean: np.ndarray | None
+    running_var: np.ndarray | None
+
+
+def channel_call_args(
+    op: str,
+    x: Any,
+    running_mean: Any,
+    running_var: Any,
+    weight: Any,
+    bias: Any,
+    input_stats: Any,
+    eps: Any,
+    mask: Any,
+    *,
+    reduce_batch: bool,
+) -> ChannelArgs:
+    """The checks shared by ``channel_norm`` and ``channel_jacobians``, so that both refuse the same calls.
+
+    With ``input_stats`` each statistic must average more than one value; without, the running buffers
+    must be given, and are the statistics.
+    """
+    what, flag = ("value per channel", "training") if reduce_batch else ("spatial element", "use_input_stats")
+    input_stats = check_flag(op, flag, input_stats)
+    x, weight, bias, eps, view = channel_args(op, x, weight, bias, eps)
+    running_mean = check_running(op, "running_mean", running_mean, view[1])
+    running_var = check_running(op, "running_var", running_var, view[1])
+    check_buffer_pair(op, running_mean, running_var)
+    mask = check_mask(op, mask, x.shape)
+    stats = None
+    if input_stats:
+        check_count(op, group_count(view, reduce_batch, mask), what, x.shape, mask is not None)
+    else:
+        stats = given_stats(op, running_mean, running_var, f"{flag}=False")
+    return ChannelArgs(x, weight, bias, eps, view, mask, stats, running_mean, running_var)
 
 
 def channel_norm(
@@ -318,22 +428,17 @@ def channel_norm(
     (n, c), each must average more than one value, and the running buffers,
     if any, are updated; otherwise the running buffers are the statistics.
     """
-    op, what, flag = (
-        ("batch_norm", "value per channel", "training=False")
-        if reduce_batch
-        else ("instance_norm", "spatial element", "use_input_stats=False")
+    op = "batch_norm" if reduce_batch else "instance_norm"
+    momentum = check_momentum(op, momentum)
+    a = channel_call_args(
+        op, x, running_mean, running_var, weight, bias, input_stats, eps, mask, reduce_batch=reduce_batch
     )
-    x, weight, bias, eps, view = channel_args(op, x, weight, bias, eps)
-    running_mean = check_running(op, "running_mean", running_mean, view[1])
-    running_var = check_running(op, "running_var", running_var, view[1])
-    check_buffer_pair(op, running_mean, running_var)
-    mask = check_mask(op, mask, x.shape)
-    if not input_stats:
-        stats = given_stats(op, running_mean, running_var, flag)
-        return Normalize.apply(x, weight, bias, view=view, eps=eps, mask=mask, stats=stats)
-    check_count(op, group_count(view, reduce_batch, mask), what, x.shape, mask is not None)
-    running = running_stats(op, running_mean, running_var, momentum)
-    return Normalize.apply(x, weight, bias, view=view, eps=eps, reduce_batch=reduce_batch, mask=mask, running=running)
+    if a.stats is not None:
+        return Normalize.apply(a.x, a.weight, a.bias, view=a.view, eps=a.eps, mask=a.mask, stats=a.stats)
+    running = running_stats(op, a.running_mean, a.running_var, momentum)
+    return Normalize.apply(
+        a.x, a.weight, a.bias, view=a.view, eps=a.eps, reduce_batch=reduce_batch, mask=a.mask, running=running
+    )
 
 
 # -- closed-form Jacobians ---------------------------------------------------------------------------
@@ -388,27 +493,34 @@ def group_jacobians(
 
 
 def channel_jacobians(
+    op: str,
     x: Any,
     weight: Any,
-    eps: float,
+    eps: Any,
     *,
     reduce_batch: bool,
     mask: Any,
-    stats: tuple[np.ndarray, np.ndarray] | None,
+    input_stats: bool,
+    running_mean: Any,
+    running_var: Any,
 ) -> np.ndarray:
-    """``group_jacobians`` of an (N, C, *) input seen as (N, C, 1, S), weight (C,), mask (N, *spatial)."""
-    x = array_of(x)
-    n, c = x.shape[:2]
-    view = (n, c, 1, x.size // (n * c) if x.size else 0)
-    w = array_of(weight)
-    mask = array_of(mask)
+    """``group_jacobians`` of an (N, C, *) input seen as (N, C, 1, S), weight (C,), mask (N, *spatial).
+
+    The arguments go through ``channel_norm``'s checks (``channel_call_args``), so a call its forward
+    refuses (no running statistics to hold constant, a statistic of one value, a weight or mask of the wrong
+    shape, a flag that is not a bool) is refused here with the same error.
+    """
+    a = channel_call_args(
+        op, x, running_mean, running_var, weight, None, input_stats, eps, mask, reduce_batch=reduce_batch
+    )
+    w = array_of(a.weight)
     return group_jacobians(
-        x.reshape(view),
-        None if w is None else w.reshape(c, 1),
-        eps,
+        a.x.data.reshape(a.view),
+        None if w is None else w.reshape(a.view[1], 1),
+        a.eps,
         reduce_batch=reduce_batch,
-        mask=None if mask is None else mask.reshape(n, -1),
-        stats=stats,
+        mask=a.mask,
+        stats=a.stats,
     )
 
 

@@ -49,7 +49,7 @@ from minigrad_norm.tensor import Tensor
 
 
 def batch_norm(
-    x: Any,
+    input: Any,  # noqa: A002  (PyTorch's name, for callers passing it by keyword)
     running_mean: np.ndarray | None,
     running_var: np.ndarray | None,
     weight: Tensor | np.ndarray | None = None,
@@ -68,7 +68,9 @@ def batch_norm(
     normalize x and are required. ``momentum=None`` needs the module's batch
     counter (``nn.BatchNorm1d``) and is refused here.
     """
-    return channel_norm(x, running_mean, running_var, weight, bias, training, momentum, eps, mask, reduce_batch=True)
+    return channel_norm(
+        input, running_mean, running_var, weight, bias, training, momentum, eps, mask, reduce_batch=True
+    )
 
 
 def batch_norm_jacobian(
@@ -86,6 +88,19 @@ def batch_norm_jacobian(
     gamma_c * rstd_c * (I - 1/m 1 1^T - 1/m xhat xhat^T); evaluation (running
     statistics as constants): gamma_c * rstd_c * I. Masked-out rows and
     columns are 0 and m counts the valid positions.
+
+    ``training`` defaults to True here, where ``batch_norm``'s default is
+    False (PyTorch's): the batch statistics' Jacobian is the one worth a
+    closed form, and evaluation mode needs ``running_mean``/``running_var``.
     """
-    stats = None if training else (running_mean, running_var)
-    return channel_jacobians(x, weight, eps, reduce_batch=True, mask=mask, stats=stats)
+    return channel_jacobians(
+        "batch_norm_jacobian",
+        x,
+        weight,
+        eps,
+        reduce_batch=True,
+        mask=mask,
+        input_stats=training,
+        running_mean=running_mean,
+        running_var=running_var,
+    )

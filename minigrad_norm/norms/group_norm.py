@@ -28,42 +28,55 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.norms._function import Normalize, View, array_of, channel_args, check_count, group_jacobians
+from minigrad_norm.norms._function import (
+    Normalize,
+    View,
+    array_of,
+    channel_args,
+    check_count,
+    check_int,
+    group_jacobians,
+)
 from minigrad_norm.tensor import Tensor
 
 
 def group_view(op: str, shape: tuple[int, ...], num_groups: int) -> View:
-    """(N, G, C/G, S); ``num_groups`` must divide C."""
+    """(N, G, C/G, S); ``num_groups`` must be an int (``check_int``) that divides C, and a group must hold
+    more than one value."""
     n, c = shape[:2]
+    num_groups = check_int(op, "num_groups", num_groups)
     if num_groups <= 0 or c % num_groups:
         raise ValueError(
             f"{op}: num_groups={num_groups} must be positive and divide the number of channels C={c} "
             f"(input of shape {shape})"
         )
-    return n, num_groups, c // num_groups, int(np.prod(shape[2:], dtype=np.int64))
+    view = n, num_groups, c // num_groups, int(np.prod(shape[2:], dtype=np.int64))
+    # PyTorch refuses the one case where every group is a single value of a single sample (y = bias)
+    check_count(op, np.array([view[0] * view[2] * view[3]]), "value per channel", shape, False)
+    return view
 
 
 def group_norm(
-    x: Any,
+    input: Any,  # noqa: A002  (PyTorch's name, for callers passing it by keyword)
     num_groups: int,
     weight: Tensor | np.ndarray | None = None,
     bias: Tensor | np.ndarray | None = None,
     eps: float = 1e-5,
 ) -> Tensor:
     """GroupNorm of an (N, C, *) input (PyTorch's ``F.group_norm``); weight and bias have shape (C,)."""
-    x, weight, bias, eps, _ = channel_args("group_norm", x, weight, bias, eps)
+    x, weight, bias, eps, _ = channel_args("group_norm", input, weight, bias, eps)
     view = group_view("group_norm", x.shape, num_groups)
-    # PyTorch refuses the one case where every group is a single value of a single sample (y = bias)
-    check_count("group_norm", np.array([view[0] * view[2] * view[3]]), "value per channel", x.shape, False)
     return Normalize.apply(x, weight, bias, view=view, eps=eps)
 
 
 def group_norm_jacobian(x: Any, num_groups: int, weight: Any = None, eps: float = 1e-5) -> np.ndarray:
     """The closed-form Jacobian of each (n, g) of ``group_norm``: shape (N * G, m, m), m = (C / G) * S.
 
-    Elements of a group are ordered (channel, position) in C order.
+    Elements of a group are ordered (channel, position) in C order. The arguments are checked as
+    ``group_norm`` checks them, with the same errors.
     """
-    x = array_of(x)
-    view = group_view("group_norm_jacobian", x.shape, num_groups)
+    op = "group_norm_jacobian"
+    x, weight, _, eps, _ = channel_args(op, x, weight, None, eps)
+    view = group_view(op, x.shape, num_groups)
     w = array_of(weight)
-    return group_jacobians(x.reshape(view), None if w is None else w.reshape(view[1:3]), eps)
+    return group_jacobians(x.data.reshape(view), None if w is None else w.reshape(view[1:3]), eps)

@@ -44,7 +44,7 @@ from minigrad_norm.tensor import Tensor
 
 
 def instance_norm(
-    x: Any,
+    input: Any,  # noqa: A002  (PyTorch's name, for callers passing it by keyword)
     running_mean: np.ndarray | None = None,
     running_var: np.ndarray | None = None,
     weight: Tensor | np.ndarray | None = None,
@@ -61,7 +61,7 @@ def instance_norm(
     The running buffers are both given or both None, as in PyTorch.
     """
     return channel_norm(
-        x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps, mask, reduce_batch=False
+        input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps, mask, reduce_batch=False
     )
 
 
@@ -79,5 +79,14 @@ def instance_norm_jacobian(
     gamma_c * rstd_nc * (I - 1/S 1 1^T - 1/S xhat xhat^T); with running
     statistics as constants (``use_input_stats=False``) gamma_c * rstd_c * I.
     """
-    stats = None if use_input_stats else (running_mean, running_var)
-    return channel_jacobians(x, weight, eps, reduce_batch=False, mask=mask, stats=stats)
+    return channel_jacobians(
+        "instance_norm_jacobian",
+        x,
+        weight,
+        eps,
+        reduce_batch=False,
+        mask=mask,
+        input_stats=use_input_stats,
+        running_mean=running_mean,
+        running_var=running_var,
+    )

@@ -43,15 +43,17 @@ from minigrad_norm.norms._function import (
     as_float_tensor,
     check_affine,
     check_eps,
+    check_normalized_shape,
     group_jacobians,
 )
 from minigrad_norm.tensor import Tensor
 
 
 def row_view(op: str, x_shape: tuple[int, ...], normalized_shape: int | Sequence[int]) -> tuple[tuple[int, ...], View]:
-    """``normalized_shape`` as a tuple, and the (rows, 1, D, 1) view; the trailing dims must match."""
-    shape = (int(normalized_shape),) if isinstance(normalized_shape, int | np.integer) else tuple(normalized_shape)
-    if not shape or any(d < 0 for d in shape) or x_shape[len(x_shape) - len(shape) :] != shape:
+    """``normalized_shape`` as a tuple (``check_normalized_shape``), and the (rows, 1, D, 1) view; the
+    trailing dims must match."""
+    shape = check_normalized_shape(op, normalized_shape)
+    if not shape or x_shape[len(x_shape) - len(shape) :] != shape:
         raise ValueError(
             f"{op}: normalized_shape={shape} must be non-empty and equal the input's trailing dims, "
             f"but the input has shape {x_shape}"
@@ -61,7 +63,7 @@ def row_view(op: str, x_shape: tuple[int, ...], normalized_shape: int | Sequence
 
 
 def layer_norm(
-    x: Any,
+    input: Any,  # noqa: A002  (PyTorch's name, for callers passing it by keyword)
     normalized_shape: int | Sequence[int],
     weight: Tensor | np.ndarray | None = None,
     bias: Tensor | np.ndarray | None = None,
@@ -73,7 +75,7 @@ def layer_norm(
     the exact invariants are stated at eps = 0, but a constant row then gives
     0/0 = NaN.
     """
-    x = as_float_tensor("layer_norm", x)
+    x = as_float_tensor("layer_norm", input)
     eps = check_eps("layer_norm", eps, allow_zero=True)
     shape, view = row_view("layer_norm", x.shape, normalized_shape)
     weight = check_affine("layer_norm", "weight", weight, shape, x.shape)
@@ -88,8 +90,11 @@ def layer_norm_jacobian(
 
     J[r] = diag(gamma) * rstd_r * (I - 1/D * 1 1^T - 1/D * xhat_r xhat_r^T),
     rows in C order of the leading dims, elements in C order of normalized_shape.
+    The arguments are checked as ``layer_norm`` checks them, with the same errors.
     """
-    x = array_of(x)
-    _, view = row_view("layer_norm_jacobian", x.shape, normalized_shape)
-    w = array_of(weight)
-    return group_jacobians(x.reshape(view), None if w is None else w.reshape(1, -1), eps)
+    op = "layer_norm_jacobian"
+    x = as_float_tensor(op, x).data
+    eps = check_eps(op, eps, allow_zero=True)
+    shape, view = row_view(op, x.shape, normalized_shape)
+    w = array_of(check_affine(op, "weight", weight, shape, x.shape))
+    return group_jacobians(x.reshape(view), None if w is None else w.reshape(view[1:3]), eps)

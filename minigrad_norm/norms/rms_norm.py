@@ -45,17 +45,17 @@ def _default_eps(eps: float | None, dtype: np.dtype) -> float:
 
 
 def rms_norm(
-    x: Any,
+    input: Any,  # noqa: A002  (PyTorch's name, for callers passing it by keyword)
     normalized_shape: int | Sequence[int],
     weight: Tensor | np.ndarray | None = None,
     eps: float | None = None,
 ) -> Tensor:
     """RMSNorm over the trailing ``normalized_shape`` dims (PyTorch's ``F.rms_norm``).
 
-    ``eps=None`` means ``np.finfo(x.dtype).eps``; an explicit eps must be >= 0
+    ``eps=None`` means ``np.finfo(input.dtype).eps``; an explicit eps must be >= 0
     (0 is the exact, scale-invariant case used by the invariants).
     """
-    x = as_float_tensor("rms_norm", x)
+    x = as_float_tensor("rms_norm", input)
     eps = check_eps("rms_norm", _default_eps(eps, x.dtype), allow_zero=True)
     shape, view = row_view("rms_norm", x.shape, normalized_shape)
     weight = check_affine("rms_norm", "weight", weight, shape, x.shape)
@@ -68,9 +68,11 @@ def rms_norm_jacobian(
     """The closed-form Jacobian of each row of ``rms_norm``: shape (rows, D, D).
 
     J[r] = diag(gamma) * rstd_r * (I - 1/D * xhat_r xhat_r^T), rstd = 1/sqrt(mean(x^2) + eps).
+    The arguments are checked as ``rms_norm`` checks them, with the same errors.
     """
-    x = array_of(x)
-    _, view = row_view("rms_norm_jacobian", x.shape, normalized_shape)
-    w = array_of(weight)
-    eps = _default_eps(eps, x.dtype)
-    return group_jacobians(x.reshape(view), None if w is None else w.reshape(1, -1), eps, centered=False)
+    op = "rms_norm_jacobian"
+    x = as_float_tensor(op, x).data
+    eps = check_eps(op, _default_eps(eps, x.dtype), allow_zero=True)
+    shape, view = row_view(op, x.shape, normalized_shape)
+    w = array_of(check_affine(op, "weight", weight, shape, x.shape))
+    return group_jacobians(x.reshape(view), None if w is None else w.reshape(view[1:3]), eps, centered=False)
