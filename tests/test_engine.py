@@ -367,15 +367,16 @@ def test_a_user_defined_function_joins_the_tape():
 
 
 @pytest.mark.parametrize(
-    ("rule", "match"),
+    ("rule", "error", "match"),
     [
-        (lambda g: 2.0, "returned a float as the gradient of input 0"),
-        (lambda g: [2.0, 2.0], "returned a list as the gradient of input 0"),
-        (lambda g: Tensor(2 * g), "returned a Tensor as the gradient of input 0"),
-        (lambda g: 2 * g + 0j, "returned a complex128 gradient for input 0, which is real"),
+        (lambda g: 2.0, TypeError, "returned a float as the gradient of input 0"),
+        (lambda g: [2.0, 2.0], TypeError, "returned a list as the gradient of input 0"),
+        (lambda g: Tensor(2 * g), TypeError, "returned a Tensor as the gradient of input 0"),
+        (lambda g: 2 * g + 0j, TypeError, "returned a complex128 gradient for input 0, which is real"),
+        (lambda g: g.sum(), RuntimeError, r"returned a gradient of shape \(\) for an input of shape \(2,\)"),
     ],
 )
-def test_a_backward_returning_something_other_than_a_real_array_is_named(rule, match):
+def test_a_backward_returning_anything_but_a_real_array_of_the_input_shape_is_named(rule, error, match):
     class Bad(Function):
         @staticmethod
         def forward(ctx, x):
@@ -385,21 +386,5 @@ def test_a_backward_returning_something_other_than_a_real_array_is_named(rule, m
         def backward(ctx, g):
             return rule(g)
 
-    with pytest.raises(TypeError, match=rf"Bad.backward {match}"):
-        Bad.apply(leaf([1.0, 2.0])).backward(np.ones(2))
-
-
-def test_a_backward_returning_the_wrong_shape_is_caught():
-    class Bad(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return g.sum()
-
-    with pytest.raises(
-        RuntimeError, match=r"Bad.backward returned a gradient of shape \(\) for an input of shape \(2,\)"
-    ):
+    with pytest.raises(error, match=rf"Bad.backward {match}"):
         Bad.apply(leaf([1.0, 2.0])).backward(np.ones(2))
