@@ -1,25 +1,25 @@
 """GroupNorm: split the C channels into G groups and normalize each (sample, group).
 
 Forward, for x of shape (N, C, *) with S = prod(spatial) and K = C / G
-channels per group; the group (n, g) is its m = K * S values:
+channels per group; the group (n, j) is its m = K * S values:
 
-    mu_ng  = mean of x[n, gK:(g+1)K, ...],   var_ng = mean of (x - mu_ng)^2 over the same values
-    y      = (x - mu_ng) / sqrt(var_ng + eps) * gamma_c + beta_c      (gamma, beta per channel)
+    mu_nj  = mean of x[n, jK:(j+1)K, ...],   var_nj = mean of (x - mu_nj)^2 over the same values
+    y      = (x - mu_nj) / sqrt(var_nj + eps) * gamma_c + beta_c      (gamma, beta per channel)
 
-Saved: x, mu, rstd (one per (n, g)) and gamma.
+Saved: x, mu, rstd (one per (n, j)) and gamma.
 
 Backward: LayerNorm's formula over the m values of a group (view (N, G, K, S),
-per-sample statistics), with dxhat = g * gamma_c:
+per-sample statistics), with g = dL/dy and dxhat = g * gamma_c:
 
-    dL/dx     = rstd_ng * (dxhat - mean_{k,s}(dxhat) - xhat * mean_{k,s}(dxhat * xhat))
+    dL/dx     = rstd_nj * (dxhat - mean_{k,s}(dxhat) - xhat * mean_{k,s}(dxhat * xhat))
     dL/dgamma = sum over (n, s) of g * xhat,    dL/dbeta = sum over (n, s) of g
 
 GroupNorm spans the two neighbours: G = C is InstanceNorm, G = 1 is
 LayerNorm over (C, *) with a per-channel instead of a per-element affine.
 
-Closed-form Jacobian of one (n, g) (``group_norm_jacobian``):
+Closed-form Jacobian of one (n, j) (``group_norm_jacobian``):
 
-    J = diag(gamma) * rstd_ng * (I - 1/m * 1 1^T - 1/m * xhat xhat^T)
+    J = diag(gamma) * rstd_nj * (I - 1/m * 1 1^T - 1/m * xhat xhat^T)
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def group_norm(
 
 
 def group_norm_jacobian(x: Any, num_groups: int, weight: Any = None, eps: float = 1e-5) -> np.ndarray:
-    """The closed-form Jacobian of each (n, g) of ``group_norm``: shape (N * G, m, m), m = (C / G) * S.
+    """The closed-form Jacobian of each (n, j) of ``group_norm``: shape (N * G, m, m), m = (C / G) * S.
 
     Elements of a group are ordered (channel, position) in C order. The arguments are checked as
     ``group_norm`` checks them, with the same errors.
