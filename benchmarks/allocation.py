@@ -27,6 +27,8 @@ import os
 import subprocess
 import sys
 
+from minigrad_norm.bench import positive_int, thread_count
+
 REUSE = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
 IMPLS = ("numba", "numba out=", "torch")
 
@@ -51,9 +53,9 @@ def measure(rows: int, dim: int, threads: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=8192)
-    parser.add_argument("--dim", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", type=positive_int, default=8192, help="LayerNorm rows (default 8192)")
+    parser.add_argument("--dim", type=positive_int, default=1024, help="values per row (default 1024)")
+    parser.add_argument("--threads", type=thread_count, default=2, help="numba threads (default 2)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -63,8 +65,10 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k not in REUSE}
     runs = {}
     for name, extra in (("glibc defaults", {}), ("freed memory reused", REUSE)):
-        out = subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True, check=True).stdout
-        runs[name] = json.loads(out.strip().splitlines()[-1])
+        child = subprocess.run(cmd, env={**env, **extra}, stdout=subprocess.PIPE, text=True)  # (its stderr shows)
+        if child.returncode:
+            raise SystemExit(f"allocation.py: the run with {name} failed")
+        runs[name] = json.loads(child.stdout.strip().splitlines()[-1])
     mib = args.rows * args.dim * 4 / 2**20
     print(f"LayerNorm float32 ({args.rows}, {args.dim}) = {mib:.0f} MiB per array, fwd+bwd, {args.threads} threads")
     print(f"median ms per call (15+ interleaved rounds)\n{'':>22}" + "".join(f"{i:>12}" for i in IMPLS))

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,8 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def load_revision(rev: str, into: Path):
     """numba_cpu.py at git revision ``rev``, imported as a module of its own."""
-    show = ["git", "show", f"{rev}:minigrad_norm/kernels/numba_cpu.py"]
-    source = subprocess.run(show, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    source = bench.git_output(["show", f"{rev}:minigrad_norm/kernels/numba_cpu.py"], ROOT).decode()
     return load_source(source, into / f"numba_cpu_{rev.replace('/', '_').replace('~', '_')}.py")
 
 
@@ -131,10 +129,14 @@ def interleaved(fns: list, rounds: int, before=None) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rev", help="the git revision to compare with (e.g. HEAD~1, a commit)")
-    parser.add_argument("--views", nargs="+", default=VIEWS)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
-    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument(
+        "--views", nargs="+", type=bench.view_spec, default=VIEWS, help=f"NxGxKxS[bn] (default {' '.join(VIEWS)})"
+    )
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="(default float32)")
+    parser.add_argument(
+        "--threads", type=bench.thread_count, default=numba.config.NUMBA_NUM_THREADS, help="(default all of numba's)"
+    )
+    parser.add_argument("--rounds", type=bench.positive_int, default=60, help="timed calls per kernel (default 60)")
     parser.add_argument("--cold", action="store_true", help="empty the caches before each timed call")
     parser.add_argument(
         "--floor",

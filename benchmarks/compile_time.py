@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from minigrad_norm.bench import FIRST_LAYER_NORM_SCRIPT
+from minigrad_norm.bench import FIRST_LAYER_NORM_SCRIPT, git_output, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPORT = (
@@ -47,8 +47,8 @@ SCRIPTS = {
 
 def extract(rev: str, into: Path) -> Path:
     """The package ``minigrad_norm`` as it was at git revision ``rev``, under ``into``."""
-    archive = subprocess.run(["git", "archive", rev, "minigrad_norm"], cwd=ROOT, capture_output=True, check=True)
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+    archive = git_output(["archive", rev, "minigrad_norm"], ROOT)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return into
 
@@ -67,8 +67,8 @@ def cold_seconds(root: Path, script: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rev", help="the git revision to compare with (e.g. HEAD~1, a commit)")
-    parser.add_argument("--what", choices=sorted(SCRIPTS), default="every")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--what", choices=sorted(SCRIPTS), default="every", help="what to compile (default every)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="cold compiles per side (default 3)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         roots = (extract(args.rev, Path(tmp)), ROOT)

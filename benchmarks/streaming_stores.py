@@ -1,6 +1,6 @@
 """Streaming (non-temporal) stores against ordinary ones, by row length and by the alignment of ``out``.
 
-    python benchmarks/streaming_stores.py [--views 65536x1x128x1 ...] [--dtype float32] [--rounds 25]
+    python benchmarks/streaming_stores.py [--views 65536x1x128x1 ...] [--dtype float32] [--threads N] [--rounds 25]
 
 For each (N, G, K, S) view (LayerNorm rows by default), times the numba forward and
 backward into preallocated ``out=`` buffers four ways, interleaved call by call: ordinary
@@ -28,6 +28,7 @@ import time
 import numba
 import numpy as np
 
+from minigrad_norm import bench
 from minigrad_norm.kernels import numba_cpu
 
 EPS = 1e-5
@@ -45,10 +46,14 @@ def buffer_at(shape: tuple[int, ...], dtype: np.dtype, offset: int) -> np.ndarra
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--views", nargs="+", default=VIEWS)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
-    parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument(
+        "--views", nargs="+", type=bench.view_spec, default=VIEWS, help=f"NxGxKxS (default {' '.join(VIEWS)})"
+    )
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="(default float32)")
+    parser.add_argument(
+        "--threads", type=bench.thread_count, default=numba.config.NUMBA_NUM_THREADS, help="(default all of numba's)"
+    )
+    parser.add_argument("--rounds", type=bench.positive_int, default=25, help="timed calls per way (default 25)")
     args = parser.parse_args()
     numba.set_num_threads(args.threads)
     dtype = np.dtype(args.dtype)

@@ -2,8 +2,7 @@
 
 A step is: forward of (batch, seq, d_model) input through the block(s),
 backward from a fixed random upstream gradient, AdamW update, zero_grad. Both
-sides use float32, 2 threads (numba and PyTorch; NumPy's BLAS uses what the
-environment gives it, set OPENBLAS_NUM_THREADS / OMP_NUM_THREADS to pin it),
+sides use float32, 2 threads (numba and PyTorch; NumPy's BLAS, below),
 the same configuration and Pre-Norm with LayerNorm and GELU (PyTorch also on
 one thread, for reference). NumPy's
 OpenBLAS runs single-threaded unless OPENBLAS_NUM_THREADS says otherwise:

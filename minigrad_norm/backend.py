@@ -90,7 +90,9 @@ def set_backend(name: str) -> None:
 
 def get_backend() -> str:
     """The backend in force: numba unless set otherwise or numba is unavailable."""
-    name = _scoped.get() or _active or _check("MINIGRAD_NORM_BACKEND", os.environ.get("MINIGRAD_NORM_BACKEND", "numba"))
+    # (an empty variable counts as unset)
+    env = os.environ.get("MINIGRAD_NORM_BACKEND") or "numba"
+    name = _scoped.get() or _active or _check("MINIGRAD_NORM_BACKEND", env)
     if name == "numba" and _load_numba() is None:
         return "numpy"
     return name

@@ -59,6 +59,7 @@ timed before them.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
@@ -78,9 +79,10 @@ from typing import Any
 
 import numpy as np
 
+from minigrad_norm import __version__
 from minigrad_norm.kernels import reference
 from minigrad_norm.kernels.buffers import aligned_empty
-from minigrad_norm.kernels.machine import cache_sizes, cpu_identity, l3_bytes, usable_cpus
+from minigrad_norm.kernels.machine import available_memory_bytes, cache_sizes, cpu_identity, l3_bytes, usable_cpus
 
 EPS = 1e-5
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
@@ -165,8 +167,8 @@ def shape_case(norm: str, shape: tuple[int, ...], groups: int = DEFAULT_GROUPS) 
     if norm == "group_norm" and shape[1] % groups:
         raise ValueError(f"--shape {text}: group_norm's {groups} groups (--groups) must divide C = {shape[1]}")
     case = channel_case(norm, shape, groups if norm == "group_norm" else None)
-    n, _, _, s = case.view
-    if (n * s if case.reduce_batch else s) == 1:
+    n, _, k, s = case.view
+    if (n * k * s if case.reduce_batch else k * s) == 1:
         raise ValueError(f"--shape {text}: {norm} needs more than one value per statistic in training, as PyTorch")
     return case
 
@@ -482,6 +484,7 @@ def machine_description() -> dict[str, Any]:
         # the CPU LLVM compiles the kernels for: it picks their vector width and instructions
         "llvm_cpu": llvmlite.binding.get_host_cpu_name(),
         "cores": os.cpu_count(),
+        "usable_cpus": usable_cpus(),
         "caches": cache_sizes(),
         "l3_bytes": l3_bytes(),
         "streaming_store_min_bytes": numba_cpu.STREAMING_STORE_MIN_BYTES,
@@ -495,6 +498,10 @@ def machine_description() -> dict[str, Any]:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "numba": numba.__version__,
+        "minigrad_norm": __version__,
+        # (they change the allocating path's times: the buffer pool's size, and which backend the Tensor API takes)
+        "buffer_pool_mib": os.environ.get("MINIGRAD_NORM_BUFFER_POOL_MIB", "(unset)"),
+        "backend": os.environ.get("MINIGRAD_NORM_BACKEND", "(unset)"),
         "platform": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -655,16 +662,18 @@ def startup_seconds(cold: bool, every_kernel: bool = False) -> float:
     its own, the first process compiled the LayerNorm's kernels again: 12 s of a 28 s --quick run.)"""
     script = EVERY_KERNEL_SCRIPT if every_kernel else FIRST_LAYER_NORM_SCRIPT
 
-    def timed(env: dict[str, str] | None) -> float:
+    def timed(env: dict[str, str]) -> float:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", script], check=True, env=env)
         return time.perf_counter() - t
 
+    # the numba kernels' start-up, whatever backend this process's environment asks for
+    env = dict(os.environ, MINIGRAD_NORM_BACKEND="numba")
     if cold:
         with tempfile.TemporaryDirectory() as empty:
-            return timed(dict(os.environ, NUMBA_CACHE_DIR=empty))
-    timed(None)  # a first process, which leaves the cache warm
-    return timed(None)
+            return timed(dict(env, NUMBA_CACHE_DIR=empty))
+    timed(env)  # a first process, which leaves the cache warm
+    return timed(env)
 
 
 def _processes() -> str:
@@ -1077,18 +1086,90 @@ def selected_cases(
         raise ValueError(f"--groups must be positive, got {groups}")
     if groups is not None and not shapes:
         raise ValueError(f"--groups {groups} is for --shape (the listed GroupNorm shapes have {DEFAULT_GROUPS} groups)")
+    if groups is not None and "group_norm" not in keep:
+        raise ValueError(f"--groups {groups} is GroupNorm's, and --only leaves group_norm out")
     if shapes:
         return [shape_case(n, s, groups or DEFAULT_GROUPS) for s in shapes for n in NORMS if n in keep], []
     cases = quick_cases() if quick else listed_cases()
     return [c for c in cases if c.norm in keep], [c for c in sweep_cases(quick) if c.norm in keep]
 
 
+# A run holds about this many arrays of x's size at once (x, dy, and the outputs of numba, the NumPy reference
+# and PyTorch), besides what it holds whatever the shape (the STREAM arrays, PyTorch): float64 (4096, 4096),
+# x of 128 MiB, peaked at 2.41 GB, float32 at 1.89 GB.
+ARRAYS_OF_X_SIZE = 10
+FIXED_BYTES = 2 * 2**30
+
+
+def memory_error(cases: Sequence[Case], dtypes: Sequence[str], available: int | None) -> str | None:
+    """Why the largest of ``cases`` would not fit in the ``available`` bytes, found before anything is allocated
+    (an allocation that fails part-way through a run, or the OS's out-of-memory killer, loses the run)."""
+    if not cases or available is None:
+        return None
+    widest = max(dtypes, key=lambda d: np.dtype(d).itemsize)
+    case = max(cases, key=lambda c: math.prod(c.shape))
+    need = ARRAYS_OF_X_SIZE * math.prod(case.shape) * np.dtype(widest).itemsize + FIXED_BYTES
+    if need <= available:
+        return None
+    return (
+        f"--shape {'x'.join(map(str, case.shape))}: a run holds about {ARRAYS_OF_X_SIZE} arrays of x's size in "
+        f"{widest} and {FIXED_BYTES / 2**30:.0f} GiB besides, {need / 2**30:.1f} GiB, but "
+        f"{available / 2**30:.1f} GiB of memory is available"
+    )
+
+
 def selection(args: Any) -> tuple[list[Case], list[Case]]:
     """``minigrad-norm bench``'s cases and sweep from its options (``selected_cases``), checked before any work."""
-    cases, sweep = selected_cases(args.quick, args.only, [parse_shape(s) for s in args.shape or ()], args.groups)
+    shapes = list(dict.fromkeys(parse_shape(s) for s in args.shape or ()))  # (a shape given twice, timed once)
+    cases, sweep = selected_cases(args.quick, args.only, shapes, args.groups)
     if args.plot and not sweep:
         raise ValueError(f"--plot {args.plot}: the plot is of the LayerNorm size sweep, left out by --shape or --only")
+    dtypes = args.dtype or (("float32",) if args.quick else ("float32", "float64"))
+    error = memory_error(cases, dtypes, available_memory_bytes())
+    if error:
+        raise ValueError(error)
     return cases, sweep
+
+
+# -- argparse types of the scripts in benchmarks/: a bad value is a usage error, before any work
+
+
+def positive_int(text: str) -> int:
+    """An int >= 1 (rounds, rows, repeats)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
+def thread_count(text: str) -> int:
+    """An int from 1 to numba's thread count (``numba.set_num_threads`` refuses the rest)."""
+    import numba
+
+    value = positive_int(text)
+    if value > numba.config.NUMBA_NUM_THREADS:
+        raise argparse.ArgumentTypeError(f"numba has {numba.config.NUMBA_NUM_THREADS} threads here, got {value}")
+    return value
+
+
+def view_spec(text: str) -> str:
+    """A view ``NxGxKxS`` (sizes >= 1), with ``bn`` after it for BatchNorm's statistics per channel."""
+    if not re.fullmatch(r"[1-9]\d*(x[1-9]\d*){3}(bn)?", text):
+        raise argparse.ArgumentTypeError(
+            f"expected a view NxGxKxS (sizes >= 1, 'bn' after for BatchNorm), got {text!r}"
+        )
+    return text
+
+
+def git_output(args: Sequence[str], cwd: Any) -> bytes:
+    """``git`` run in ``cwd``; its own message, not a CalledProcessError, when it fails (an unknown revision)."""
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True)
+    if done.returncode:
+        raise SystemExit(f"git {' '.join(args)}: {done.stderr.decode().strip()}")
+    return done.stdout
 
 
 def main(args: Any, cases: list[Case], sweep: list[Case]) -> int:

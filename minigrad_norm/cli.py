@@ -62,14 +62,19 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{_fmt(r.closed_form_err):>11}  {'pass' if r.passed else 'FAIL'}",
             flush=True,
         )
-        if not r.passed:
-            print(f"    {r.message}")
+        if r.message:
+            print(f"    {r.message}" if not r.passed else f"    note: {r.message}")
     failed = sum(not r.passed for r in results)
     print(f"\n{len(results) - failed} passed, {failed} failed")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([r.__dict__ for r in results], f, indent=2)
+            json.dump([_finite_or_none(r.__dict__) for r in results], f, indent=2, allow_nan=False)
     return 0 if failed == 0 else 1
+
+
+def _finite_or_none(row: dict[str, object]) -> dict[str, object]:
+    """``row`` with its non-finite numbers (a failed check's infinite errors) as None: JSON has no Infinity."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
 def _limits_error(limits: Sequence[tuple[str, float, bool, str]]) -> str | None:
@@ -82,22 +87,50 @@ def _limits_error(limits: Sequence[tuple[str, float, bool, str]]) -> str | None:
 def _output_error(args: argparse.Namespace, options: Sequence[str]) -> str | None:
     """Why a file named by one of the output ``options`` could not be written, found before the run it would hold.
 
-    Only the directory is checked, not the file created: a run that fails or is
-    interrupted should not leave an empty results file behind.
+    The file is opened for appending and closed (``os.access`` says yes to root everywhere, /sys included), and
+    removed again if it was not there: a run that fails or is interrupted leaves no empty results file behind.
     """
-    for option in options:
-        path = getattr(args, option[2:].replace("-", "_"))
-        if path is None:
-            continue
-        parent = os.path.dirname(os.path.abspath(path))
+    given = {option: getattr(args, option[2:].replace("-", "_")) for option in options}
+    given = {option: path for option, path in given.items() if path is not None}
+    seen: dict[str, str] = {}
+    for option, path in given.items():
+        if not path:
+            return f"{option}: the path is empty"
         if os.path.isdir(path):
             return f"{option} {path}: is a directory"
+        parent = os.path.dirname(os.path.abspath(path))
         if not os.path.exists(parent):
             return f"{option} {path}: directory {parent} does not exist"
         if not os.path.isdir(parent):
             return f"{option} {path}: {parent} is not a directory"
-        if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-            return f"{option} {path}: not writable"
+        if (first := seen.setdefault(os.path.realpath(path), option)) != option:
+            return f"{option} {path}: {first} writes the same file"
+        existed = os.path.exists(path)
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            return f"{option} {path}: not writable ({e.strerror})"
+        if not existed:
+            os.remove(path)
+    return None
+
+
+def _numba_error() -> str | None:
+    """Why the numba kernels cannot run here (numba missing, its JIT off), if they cannot."""
+    from minigrad_norm import backend
+
+    return "the numba kernels are unavailable" if backend._load_numba() is None else None
+
+
+def _environment_error() -> str | None:
+    """What is wrong with the package's environment variables, found before any command starts its work."""
+    from minigrad_norm import backend
+
+    try:
+        backend.get_backend()
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -193,7 +226,7 @@ def cmd_depth(args: argparse.Namespace) -> int:
 
 
 def _model_args(p: argparse.ArgumentParser, d_model: int, heads: int, d_ff: int, batch_size: int) -> None:
-    p.add_argument("--norm", choices=["layernorm", "rmsnorm"], default="layernorm")
+    p.add_argument("--norm", choices=["layernorm", "rmsnorm"], default="layernorm", help="(default layernorm)")
     p.add_argument("--d-model", type=int, default=d_model, help=f"model width (default {d_model})")
     p.add_argument("--heads", type=int, default=heads, help=f"attention heads (default {heads})")
     p.add_argument("--d-ff", type=int, default=d_ff, help=f"feed-forward width (default {d_ff})")
@@ -208,7 +241,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     try:
         cases, sweep = bench.selection(args)
-        error = _output_error(args, ["--json", "--markdown", "--plot"]) or _plot_error(args)
+        error = _output_error(args, ["--json", "--markdown", "--plot"]) or _plot_error(args) or _numba_error()
     except ValueError as e:  # (what selection refuses)
         error = str(e)
     if error:
@@ -226,10 +259,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if error:
         print(f"compile: {error}", file=sys.stderr)
         return 2
-    kernels = backend._load_numba()
-    if kernels is None:
-        print("compile: the numba kernels are unavailable: the NumPy backend has nothing to compile", file=sys.stderr)
+    if error := _numba_error():
+        print(f"compile: {error}: the NumPy backend has nothing to compile", file=sys.stderr)
         return 1
+    kernels = backend._load_numba()
     if kernels.cache_path() is None:
         print(
             "compile: numba cannot cache the kernels here (no writable directory for its cache): set NUMBA_CACHE_DIR "
@@ -263,10 +296,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown (benchmarks/RESULTS.md)")
-    bench.add_argument("--plot", metavar="PATH", help="plot time and GB/s against size (needs matplotlib)")
+    bench.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="plot time and GB/s against size, from the LayerNorm size sweep (not with --shape, nor with --only "
+        "without layer_norm; needs matplotlib)",
+    )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("--no-startup", action="store_true", help="skip the fresh-process start-up timings")
-    bench.add_argument("--only", nargs="+", metavar="NAME", help="only these norms, e.g. layer_norm group_norm")
+    bench.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="only these norms, of layer_norm rms_norm batch_norm2d instance_norm2d group_norm batch_norm1d",
+    )
     bench.add_argument(
         "--shape",
         nargs="+",
@@ -309,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, default=600, help="optimizer steps (default 600)")
     train.add_argument("--task", choices=["copy", "reverse", "sort"], default="sort", help="(default sort)")
     train.add_argument("--length", type=int, default=8, help="digits per sequence (default 8)")
-    train.add_argument("--activation", choices=["relu", "gelu"], default="relu")
+    train.add_argument("--activation", choices=["relu", "gelu"], default="relu", help="the FFN's (default relu)")
     train.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
     train.add_argument(
         "--warmup",
@@ -324,7 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     depth = sub.add_parser("depth", help="gradient norms per layer at initialisation, per norm placement")
     depth.add_argument("--layers", type=int, nargs="+", default=[6, 12, 24], help="depths (default 6 12 24)")
-    depth.add_argument("--mode", nargs="+", choices=["pre", "post", "deepnorm"], default=["pre", "post", "deepnorm"])
+    depth.add_argument(
+        "--mode",
+        nargs="+",
+        choices=["pre", "post", "deepnorm"],
+        default=["pre", "post", "deepnorm"],
+        help="norm placements to measure (default all three)",
+    )
     depth.add_argument(
         "--init",
         choices=["xavier", "torch"],
@@ -345,4 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # (for a report to say which command made it)
+    if error := _environment_error():
+        print(f"minigrad-norm {args.command}: {error}", file=sys.stderr)
+        return 2
     return args.run(args)

@@ -67,7 +67,7 @@ class TrainResult:
             f"tokens {100 * self.token_accuracy:.1f}%, whole sequences {100 * self.sequence_accuracy:.1f}% "
             f"(chance per token {100 * self.chance_accuracy:.1f}%)",
             f"time {self.seconds:.1f} s: first step {self.first_step_seconds:.2f} s (numba kernels compiled or loaded "
-            f"on first use), then {self.steps_per_second:.1f} steps/s",
+            f"on first use)" + (f", then {self.steps_per_second:.1f} steps/s" if c.steps > 1 else ", the only one"),
         ]
         return "\n".join(lines)
 

@@ -736,20 +736,22 @@ def test_bench_times_the_warm_start_on_numbas_own_cache_and_the_cold_on_an_empty
     missing), timing the second; the cold one runs it once on an empty cache of its own."""
     calls = []
 
+    own = os.environ.get("NUMBA_CACHE_DIR")
+
     def run(argv, check, env):
-        cache = None if env is None else env["NUMBA_CACHE_DIR"]
-        calls.append(cache if cache is None else (cache, os.listdir(cache)))
+        cache = env.get("NUMBA_CACHE_DIR")
+        calls.append(cache if cache == own else (cache, os.listdir(cache)))
 
     monkeypatch.setattr(bench.subprocess, "run", run)
     make_dir = bench.tempfile.TemporaryDirectory
     monkeypatch.setattr(bench.tempfile, "TemporaryDirectory", lambda: pytest.fail("a directory for a warm start"))
     bench.startup_seconds(cold=False)
-    assert calls == [None, None]  # the process's environment: numba's own cache
+    assert calls == [own, own]  # the process's environment: numba's own cache
     calls.clear()
     monkeypatch.setattr(bench.tempfile, "TemporaryDirectory", make_dir)
     bench.startup_seconds(cold=True)
     ((cache, files),) = calls
-    assert cache != os.environ.get("NUMBA_CACHE_DIR") and files == []
+    assert cache != own and files == []
 
 
 def test_bench_times_stream_in_the_rows_own_rounds(monkeypatch):
@@ -1124,6 +1126,24 @@ def test_the_report_gives_the_openmp_waiting(monkeypatch):
     assert described["omp_wait_policy"] == "PASSIVE" and "gomp_spincount" not in described
     monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
     assert bench.machine_description()["gomp_spincount"] == "10000"
+
+
+def test_the_report_gives_the_version_the_usable_cpus_and_the_settings_that_move_the_allocating_times(monkeypatch):
+    import minigrad_norm
+
+    monkeypatch.setenv("MINIGRAD_NORM_BUFFER_POOL_MIB", "256")
+    monkeypatch.delenv("MINIGRAD_NORM_BACKEND", raising=False)
+    described = bench.machine_description()
+    assert described["minigrad_norm"] == minigrad_norm.__version__
+    assert described["usable_cpus"] == len(os.sched_getaffinity(0))
+    assert described["buffer_pool_mib"] == "256" and described["backend"] == "(unset)"
+
+
+def test_available_memory_is_read_from_meminfo(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n")
+    assert machine.available_memory_bytes(meminfo) == 20000000 * 1024
+    assert machine.available_memory_bytes(tmp_path / "missing") > 0  # the free pages, from sysconf
 
 
 def test_the_report_names_the_cpu_llvm_compiles_for():

@@ -6,10 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import minigrad_norm
 from minigrad_norm.cli import main
+from minigrad_norm.tensor import Tensor
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -151,6 +153,14 @@ def test_an_unwritable_output_path_is_refused_before_any_work(tmp_path, capsys, 
         (["bench", "--only", "layer_norm", "--shape", "8x"], "--shape 8x: expected sizes joined by 'x'"),
         (["bench", "--groups", "4"], "--groups 4 is for --shape"),
         (["bench", "--only", "rms_norm", "--plot", "p.png"], "--plot p.png: the plot is of the LayerNorm size sweep"),
+        (["bench", "--only", "layer_norm", "--shape", "8x8", "--groups", "2"], "--groups 2 is GroupNorm's"),
+        (
+            ["bench", "--only", "layer_norm", "--shape", "99999999999999999999x2"],
+            "--shape 99999999999999999999x2: a run holds about 10 arrays of x's size in float64",
+        ),
+        (["bench", "--quick", "--json", ""], "--json: the path is empty"),
+        (["check", "--json", "/proc/no_such_file.json"], "--json /proc/no_such_file.json: not writable"),
+        (["bench", "--quick", "--json", "r.out", "--markdown", "r.out"], "--markdown r.out: --json writes the same"),
     ],
 )
 def test_bad_option_values_are_refused_before_any_work(capsys, no_work, argv, message):
@@ -175,6 +185,91 @@ def test_compile_compiles_every_kernel_for_the_dtypes_asked_and_says_where(monke
     assert out[0].endswith(f"cached in {numba_cpu.cache_path()}") and out[1].startswith(
         "compiled every kernel for float32 and float64"
     )
+
+
+def test_the_writability_probe_leaves_no_file_behind(tmp_path, capsys, no_work):
+    out = tmp_path / "r.json"
+    with pytest.raises(AssertionError, match="started its work"):  # the checks passed, then the work began
+        main(["check", "--json", str(out)])
+    assert not out.exists()
+
+
+def test_bench_memory_estimate_refuses_what_would_not_fit():
+    from minigrad_norm import bench
+
+    case = bench.shape_case("layer_norm", (1024, 1024))
+    need = bench.ARRAYS_OF_X_SIZE * 1024 * 1024 * 8 + bench.FIXED_BYTES
+    assert bench.memory_error([case], ["float32", "float64"], need) is None
+    assert "1024x1024: a run holds about 10 arrays of x's size in float64" in bench.memory_error(
+        [case], ["float32", "float64"], need - 1
+    )
+    assert bench.memory_error([case], ["float32"], need - 1) is None  # float32's x is half as big
+
+
+def test_bench_group_norm_counts_a_group_s_channels():
+    """Each group of (8, 64, 1, 1) with 8 groups holds 8 values (PyTorch accepts it); (8, 8, 1, 1) with 8
+    groups holds one per group and sample, which PyTorch refuses in training."""
+    from minigrad_norm import bench
+
+    assert bench.shape_case("group_norm", (8, 64, 1, 1), 8).view == (8, 8, 8, 1)
+    with pytest.raises(ValueError, match="needs more than one value per statistic"):
+        bench.shape_case("group_norm", (8, 8, 1, 1), 8)
+
+
+@pytest.mark.parametrize("command", [["check"], ["bench", "--quick"], ["compile"], TINY_TRAIN])
+def test_a_bad_backend_variable_is_refused_before_any_work(monkeypatch, capsys, no_work, command):
+    monkeypatch.setenv("MINIGRAD_NORM_BACKEND", "cuda")
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"minigrad-norm {command[0]}: MINIGRAD_NORM_BACKEND: unknown backend 'cuda'")
+    assert err.count("\n") == 1
+
+
+def test_an_empty_backend_variable_counts_as_unset(monkeypatch):
+    from minigrad_norm import backend
+
+    monkeypatch.setenv("MINIGRAD_NORM_BACKEND", "")
+    assert backend.get_backend() == "numba"
+
+
+def test_bench_without_the_numba_kernels_says_so_before_any_work(monkeypatch, capsys, no_work):
+    from minigrad_norm import backend
+
+    monkeypatch.setattr(backend, "_load_numba", lambda: None)
+    assert main(["bench", "--quick", "--only", "layer_norm"]) == 2
+    assert capsys.readouterr().err == "bench: the numba kernels are unavailable\n"
+
+
+def test_bench_start_up_runs_the_numba_backend_whatever_the_environment_says(monkeypatch):
+    from minigrad_norm import bench
+
+    envs = []
+    monkeypatch.setenv("MINIGRAD_NORM_BACKEND", "numpy")
+    monkeypatch.setattr(bench.subprocess, "run", lambda *args, env, **kw: envs.append(env))
+    bench.startup_seconds(cold=False)
+    bench.startup_seconds(cold=True)
+    assert [e["MINIGRAD_NORM_BACKEND"] for e in envs] == ["numba"] * 3
+
+
+def test_check_json_is_strict_and_a_passing_row_prints_its_warning(monkeypatch, tmp_path, capsys):
+    from minigrad_norm import check
+
+    def broken(t):
+        raise RuntimeError("a broken op")  # a row that raises reports infinite errors
+
+    cases = [
+        check.CheckCase("fails", lambda r: (Tensor(np.ones(2), requires_grad=True),), broken),
+        check.CheckCase(
+            "tiny", lambda r: (Tensor(np.ones(2), requires_grad=True),), lambda t: t * 1e-9, note="it is tiny"
+        ),
+    ]
+    monkeypatch.setattr(check, "all_cases", lambda: cases)
+    out = tmp_path / "check.json"
+    assert main(["check", "--json", str(out)]) == 1
+    rows = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard JSON {c}"))
+    assert rows[0]["passed"] is False and rows[0]["fd_abs_err"] is None
+    assert rows[1]["passed"] is True and rows[1]["message"].endswith("lower atol; it is tiny")
+    assert "    note: gradcheck: every Jacobian entry of input(s) 0 is below atol" in capsys.readouterr().out
 
 
 def test_compile_without_numba_says_there_is_nothing_to_compile(monkeypatch, capsys):

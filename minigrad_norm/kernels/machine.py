@@ -1,6 +1,6 @@
 """What the kernels' policies and the benchmark need to know of the machine: the size of its L3, its CPU's
-vendor, how many CPUs this process may use, and, for the benchmark's report, which CPU and caches the numbers
-come from."""
+vendor, how many CPUs this process may use, how much memory it can have, and, for the benchmark's report,
+which CPU and caches the numbers come from."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 L3_SIZE_FILE = CACHE_DIR / "index3" / "size"
 CPUINFO = Path("/proc/cpuinfo")
+MEMINFO = Path("/proc/meminfo")
 # When the size cannot be read (not Linux, no L3 listed): the L3 of one core complex of a current server.
 DEFAULT_L3_BYTES = 32 * 2**20
 
@@ -57,6 +58,21 @@ def cpu_identity(cpuinfo: Path = CPUINFO) -> dict[str, str]:
         if key.strip() in wanted:
             found[wanted[key.strip()]] = value.strip()
     return found
+
+
+def available_memory_bytes(meminfo: Path = MEMINFO) -> int | None:
+    """The memory the OS could give this process without swapping ("MemAvailable" in /proc/meminfo, else
+    the free pages), or None where it says neither."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 2**10  # (in kB)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def usable_cpus() -> int:

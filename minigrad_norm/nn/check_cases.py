@@ -58,7 +58,12 @@ def _block_cases() -> list[CheckCase]:
         for norm in NORMS:
             activation = "gelu" if norm == "layernorm" else "relu"
             b = tiny_block(mode, norm, activation)
-            cases.append(CheckCase(f"block {mode} {norm} {activation}", block_inputs(b), block_fn(b)))
+            key_bias = 1 + [name for name, _ in b.named_parameters()].index("attn.k_proj.bias")
+            note = (
+                f"input {key_bias} is attn.k_proj.bias, whose gradient is zero: it adds q . b_k to every score of a "
+                "query, which softmax ignores"
+            )
+            cases.append(CheckCase(f"block {mode} {norm} {activation}", block_inputs(b), block_fn(b), note=note))
     return cases
 
 
