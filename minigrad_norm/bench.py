@@ -1179,7 +1179,7 @@ def main(args: Any, cases: list[Case], sweep: list[Case]) -> int:
         quick=args.quick,
         cases=cases,
         sweep=sweep,
-        dtypes=args.dtype,
+        dtypes=args.dtype and list(dict.fromkeys(args.dtype)),  # (a dtype given twice, timed once)
         progress=not args.no_progress,
         startup=not args.no_startup,
         compile_first=True,
