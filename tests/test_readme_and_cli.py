@@ -206,6 +206,21 @@ def test_bench_memory_estimate_refuses_what_would_not_fit():
     assert bench.memory_error([case], ["float32"], need - 1) is None  # float32's x is half as big
 
 
+def test_bench_times_a_shape_or_a_dtype_given_twice_once(monkeypatch):
+    from minigrad_norm import bench
+
+    seen = {}
+
+    def run(**kw):
+        seen.update(kw)
+        raise KeyboardInterrupt  # (stop before the report)
+
+    monkeypatch.setattr(bench, "run", run)
+    with pytest.raises(KeyboardInterrupt):
+        main(["bench", "--only", "layer_norm", "--shape", "8x8", "8x8", "--dtype", "float32", "float32"])
+    assert [c.shape for c in seen["cases"]] == [(8, 8)] and seen["dtypes"] == ["float32"]
+
+
 def test_bench_group_norm_counts_a_group_s_channels():
     """Each group of (8, 64, 1, 1) with 8 groups holds 8 values (PyTorch accepts it); (8, 8, 1, 1) with 8
     groups holds one per group and sample, which PyTorch refuses in training."""
