@@ -98,6 +98,11 @@ PRIMITIVES: list[CheckCase] = [
         lambda r: (_x(r, 6, 4),),
         lambda z: F.cross_entropy(z, _TARGETS),
     ),
+    CheckCase(
+        "cross_entropy (weight, smoothing)",
+        lambda r: (_x(r, 6, 4),),
+        lambda z: F.cross_entropy(z, _TARGETS, weight=np.array([0.5, 1.0, 2.0, 1.5]), label_smoothing=0.2),
+    ),
 ]
 
 

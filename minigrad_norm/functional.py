@@ -183,19 +183,32 @@ class Embedding(Function):
 
 
 class CrossEntropy(Function):
-    """Mean (or sum) over targets of -log softmax(logits)[target], classes on axis 1.
+    """Mean (or sum) over targets of the cross-entropy of softmax(logits), classes on axis 1 (PyTorch's).
 
-    With p = softmax(logits) and the one-hot target e_t:
-    dL/dlogits = g * (p - e_t) for each counted target, divided by the number
-    of counted targets under ``reduction="mean"``; targets equal to
-    ``ignore_index`` contribute nothing and get zero gradient. With every target
-    ignored the mean is 0 / 0 = nan and the gradient zero, as in PyTorch.
-    Logits must be (N, C, ...): PyTorch's unbatched (C,) form is not supported.
+    With log p = log_softmax(logits), the target t, class weights w (all 1 without ``weight``) and
+    label smoothing eps over C classes, each counted target's loss is
+
+        l = (1 - eps) * w_t * (-log p_t) + eps / C * sum_c w_c * (-log p_c)
+
+    and, with W = sum_c w_c and e_t the one-hot target,
+
+        dl/dlogits = p * ((1 - eps) * w_t + eps / C * W) - (1 - eps) * w_t * e_t - eps / C * w
+
+    (without weights and smoothing, p - e_t). ``reduction="mean"`` divides the sum by the sum of w_t over
+    the counted targets (their number without weights). Targets equal to ``ignore_index`` contribute
+    nothing and get zero gradient; with every target ignored the mean is 0 / 0 = nan and the gradient
+    zero, as in PyTorch. Logits must be (N, C, ...): PyTorch's unbatched (C,) form is not supported.
     """
 
     @staticmethod
     def forward(
-        ctx: Context, logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100, reduction: str = "mean"
+        ctx: Context,
+        logits: np.ndarray,
+        targets: np.ndarray,
+        weight: np.ndarray | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
     ) -> np.ndarray:
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
@@ -212,32 +225,51 @@ class CrossEntropy(Function):
                 f"{logits.shape[:1] + logits.shape[2:]}, got {targets.shape}"
             )
         n_classes = logits.shape[1]
+        if weight is not None and weight.shape != (n_classes,):
+            raise ValueError(
+                f"cross_entropy: weight must have shape ({n_classes},) for {n_classes} classes, got {weight.shape}"
+            )
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
         counted = targets != ignore_index
         if np.any((targets[counted] < 0) | (targets[counted] >= n_classes)):
             raise IndexError(f"cross_entropy: target out of range for {n_classes} classes")
         log_p = log_softmax_array(np.moveaxis(logits, 1, -1), axis=-1)  # classes last: (..., C)
+        w = np.ones(n_classes, dtype=log_p.dtype) if weight is None else weight.astype(log_p.dtype)
         safe_t = np.where(counted, targets, 0)
+        w_t = np.where(counted, w[safe_t], np.zeros((), dtype=w.dtype))
         picked = np.take_along_axis(log_p, safe_t[..., None], axis=-1)[..., 0]
         # where, not `* counted`: an ignored row may pick a -inf log-probability, and -(-inf) * 0 is nan
-        nll = np.where(counted, -picked, np.zeros((), dtype=picked.dtype))
-        ctx.reduction, ctx.count = reduction, int(counted.sum())
-        ctx.save_for_backward(log_p, safe_t, counted)
+        zero = np.zeros((), dtype=log_p.dtype)
+        loss = (1 - label_smoothing) * w_t * np.where(counted, -picked, zero)
+        if label_smoothing:
+            loss = loss + label_smoothing / n_classes * np.where(counted, -(log_p @ w), zero)
+        ctx.reduction, ctx.total_weight, ctx.eps = reduction, float(np.sum(w_t).real), label_smoothing
+        ctx.save_for_backward(log_p, safe_t, counted, w, w_t)
         if reduction == "none":
-            return nll
-        total = np.sum(nll)
+            return loss
+        total = np.sum(loss)
         if reduction == "sum":
             return total
         with np.errstate(invalid="ignore"):  # every target ignored: 0 / 0 = nan, as PyTorch, without a warning
-            return total / ctx.count
+            return total / ctx.total_weight
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray, None]:
-        log_p, safe_t, counted = ctx.saved_tensors
-        d = np.exp(log_p)
-        np.put_along_axis(d, safe_t[..., None], np.take_along_axis(d, safe_t[..., None], axis=-1) - 1, axis=-1)
+        log_p, safe_t, counted, w, w_t = ctx.saved_tensors
+        eps, n_classes = ctx.eps, log_p.shape[-1]
+        p = np.exp(log_p)
+        on_target = (1 - eps) * w_t[..., None]
+        d = p * (on_target + eps / n_classes * np.sum(w))
+        t = safe_t[..., None]
+        np.put_along_axis(d, t, np.take_along_axis(d, t, axis=-1) - on_target, axis=-1)
+        if eps:
+            d -= eps / n_classes * w
         # With every target ignored the mean is 0 / 0, but no logit reaches it: the gradient is 0 (as
-        # PyTorch), so divide by at least 1 rather than make inf * 0 = nan.
-        scale = g[..., None] if ctx.reduction == "none" else g / max(ctx.count, 1) if ctx.reduction == "mean" else g
+        # PyTorch), so divide by the total weight only where it is not 0, rather than make inf * 0 = nan.
+        scale = (
+            g[..., None] if ctx.reduction == "none" else g / (ctx.total_weight or 1.0) if ctx.reduction == "mean" else g
+        )
         # A product, unlike the forward's np.where: a nan in an ignored row's logits reaches its
         # gradient, as in PyTorch (whose log_softmax backward spreads it). A -inf gives 0, not nan.
         d *= scale * counted[..., None]
@@ -284,9 +316,20 @@ def embedding(indices: Any, weight: Tensor) -> Tensor:
     return Embedding.apply(weight, np.asarray(indices.data if isinstance(indices, Tensor) else indices))
 
 
-def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+def cross_entropy(
+    logits: Tensor,
+    targets: Any,
+    weight: Any = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """PyTorch's ``F.cross_entropy`` with class-index targets; ``weight`` (C,) is a constant, as there."""
     targets = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
-    return CrossEntropy.apply(logits, targets, ignore_index=ignore_index, reduction=reduction)
+    weight = None if weight is None else np.asarray(weight.data if isinstance(weight, Tensor) else weight)
+    return CrossEntropy.apply(
+        logits, targets, weight=weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+    )
 
 
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm  # noqa: E402,F401

@@ -272,6 +272,30 @@ def test_a_bad_reduction_axis_names_the_op_and_the_shape(call, error, match):
         call(leaf(np.ones((2, 3))))
 
 
+def test_cross_entropy_weight_and_label_smoothing_are_checked():
+    logits, targets = leaf(np.zeros((2, 3))), np.array([0, 2])
+    with pytest.raises(ValueError, match=r"cross_entropy: weight must have shape \(3,\) for 3 classes, got \(2,\)"):
+        F.cross_entropy(logits, targets, weight=np.ones(2))
+    for bad in (-0.1, 1.5, np.nan):
+        with pytest.raises(ValueError, match=r"cross_entropy: label_smoothing must be in \[0, 1\]"):
+            F.cross_entropy(logits, targets, label_smoothing=bad)
+
+
+def test_cross_entropy_with_weights_and_smoothing_by_hand():
+    """Uniform logits over 3 classes: -log p = log 3 for every class, and dl/dz = p * ((1 - eps) w_t + eps/C W)
+    - (1 - eps) w_t e_t - eps/C w."""
+    eps, w = 0.3, np.array([1.0, 2.0, 4.0])
+    z = leaf(np.zeros((1, 3)))
+    loss = F.cross_entropy(z, np.array([2]), weight=w, label_smoothing=eps, reduction="sum")
+    np.testing.assert_allclose(loss.data, (1 - eps) * 4 * np.log(3) + eps / 3 * 7 * np.log(3), rtol=1e-15)
+    loss.backward()
+    expected = np.full(3, ((1 - eps) * 4 + eps / 3 * 7) / 3) - eps / 3 * w
+    expected[2] -= (1 - eps) * 4
+    np.testing.assert_allclose(z.grad[0], expected, rtol=1e-14)
+    mean = F.cross_entropy(leaf(np.zeros((1, 3))), np.array([2]), weight=w, label_smoothing=eps)
+    np.testing.assert_allclose(mean.data, loss.data / 4, rtol=1e-15)  # the mean divides by w_t
+
+
 def test_softmax_over_an_empty_axis_is_empty():
     x = leaf(np.zeros((2, 0)))
     F.softmax(x, dim=-1).sum().backward()

@@ -68,6 +68,28 @@ def test_cross_entropy_with_ignore_index_and_spatial_dims(rng, reduction):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_with_class_weights_and_label_smoothing(rng, reduction, label_smoothing, weighted):
+    logits = rng.standard_normal((4, 5, 3))
+    targets = rng.integers(0, 5, (4, 3))
+    targets[1, 2] = -100
+    weight = rng.uniform(0.1, 2.0, 5) if weighted else None
+    both(
+        lambda z, t: F.cross_entropy(z, t, weight, reduction=reduction, label_smoothing=label_smoothing),
+        lambda z, t: TF.cross_entropy(
+            z,
+            t,
+            None if weight is None else torch.tensor(weight),
+            reduction=reduction,
+            label_smoothing=label_smoothing,
+        ),
+        logits,
+        int_args=(targets,),
+    )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_with_every_target_ignored(rng, reduction):
     """The mean is 0 / 0 = nan, as torch's, but the gradient is zeros (it was 0 * inf = nan)."""
     both(
