@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -1039,7 +1038,17 @@ def test_bench_summary_gives_the_fractions_without_the_norms_that_read_x_twice()
     assert not any("read x twice" in t for t in bench.target_summary(bench.Report({}, {}, rows, [], {}, False)))
 
 
-def test_bench_times_each_implementation_in_its_own_steady_state():
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """bench's clock, as a list whose one value the calls below advance: 20 ms for a slow call, 1 ms else."""
+    from types import SimpleNamespace
+
+    now = [0.0]
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    return now
+
+
+def test_bench_times_each_implementation_in_its_own_steady_state(fake_clock):
     """A call that runs slowly after another implementation (a thread pool to wake, caches to refill),
     here for its first two calls, must not be timed in that state: with three untimed calls before
     each timed one, the medians are those of repeated calls."""
@@ -1047,35 +1056,33 @@ def test_bench_times_each_implementation_in_its_own_steady_state():
 
     def impl(name: str):
         def call() -> None:
-            if last[-2:] != [name, name]:
-                time.sleep(0.02)  # the cost of following another implementation, paid twice
+            # the cost of following another implementation, paid twice
+            fake_clock[0] += 0.001 if last[-2:] == [name, name] else 0.02
             last.append(name)
 
         return call
 
     plan = {"a": (1, impl("a")), "b": (1, impl("b"))}
     medians = bench.interleaved_medians(plan, None, min_rounds=5, budget_s=0.0, warmup_calls=3)
-    assert set(medians) == {"a", "b"}
-    assert all(m < 0.01 for m in medians.values()), medians
-    assert last.count("a") == last.count("b") >= 20  # interleaved: every round calls both
+    assert medians == pytest.approx({"a": 0.001, "b": 0.001})
+    assert last.count("a") == last.count("b") == 20  # interleaved: every round calls both, 3 untimed + 1 timed
     # one untimed call is not enough for this implementation: the harness would time the second slow call
     last.clear()
-    assert all(m > 0.015 for m in bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=1).values())
+    assert bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=1) == pytest.approx({"a": 0.02, "b": 0.02})
     # ... nor for one named in one_warmup, which gets one untimed call, not warmup_calls
     last.clear()
     medians = bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=3, one_warmup=("b",))
-    assert medians["a"] < 0.01 < 0.015 < medians["b"]
+    assert medians == pytest.approx({"a": 0.001, "b": 0.02})
     assert last.count("a") == 2 * last.count("b") == 20
 
 
-def test_bench_runs_before_timed_right_before_each_timed_call():
+def test_bench_runs_before_timed_right_before_each_timed_call(fake_clock):
     """With ``before_timed`` (the cache eviction of a cold timing), every timed call comes right after it:
     the calls here are slow unless they follow it directly."""
     state = {"evicted": False}
 
     def call() -> None:
-        if not state["evicted"]:
-            time.sleep(0.02)
+        fake_clock[0] += 0.001 if state["evicted"] else 0.02
         state["evicted"] = False
 
     def evict() -> None:
@@ -1083,7 +1090,7 @@ def test_bench_runs_before_timed_right_before_each_timed_call():
 
     plan = {"a": (1, call), "b": (1, call)}
     medians = bench.interleaved_medians(plan, None, 5, 0.0, warmup_calls=2, before_timed=evict)
-    assert all(m < 0.01 for m in medians.values()), medians
+    assert medians == pytest.approx({"a": 0.001, "b": 0.001})
 
 
 @pytest.mark.parametrize(

@@ -81,6 +81,16 @@ def test_adamw_decay_is_decoupled_from_the_gradient() -> None:
     assert AdamW([param([0.0])]).weight_decay == 0.01  # PyTorch's default
 
 
+def test_adamw_decays_before_its_step() -> None:
+    """PyTorch's order: p <- p (1 - lr wd), then the Adam step, whose first one is lr g / (|g| + eps) (the bias
+    corrections make m_hat = g and v_hat = g^2). Decaying after the step would give (p - lr) (1 - lr wd)."""
+    lr, wd, eps = 0.1, 0.5, 1e-8
+    p = param([2.0, -1.0])
+    run(AdamW([p], lr=lr, weight_decay=wd, eps=eps), p, [[3.0, -0.5]])
+    g = np.array([3.0, -0.5])
+    np.testing.assert_allclose(p.data, np.array([2.0, -1.0]) * (1 - lr * wd) - lr * g / (np.abs(g) + eps), rtol=1e-14)
+
+
 def test_parameters_without_grad_are_skipped_and_state_is_per_parameter() -> None:
     a, b = param([1.0]), param([1.0])
     opt = Adam([a, b], lr=0.1)
