@@ -694,7 +694,20 @@ class Report:
     command: str = RESULTS_COMMAND  # what made it
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {"units": JSON_UNITS, **dataclasses.asdict(self)}
+
+
+#: what the numbers of ``Report.to_json`` count in
+JSON_UNITS = {
+    "stream": "GB/s, all threads",
+    "rows.bytes": "bytes: the minimal traffic (forward x and y, backward x, dy and dx)",
+    "rows.ms": "milliseconds, the median per implementation",
+    "rows.quartiles": "milliseconds, the 25th and 75th percentiles",
+    "rows.stream": "GB/s, STREAM copy and triad timed in the row's own rounds",
+    "startup": "seconds, as each key says",
+    "seconds": "seconds, the whole run",
+    "command": "the command that made the report",
+}
 
 
 def run(

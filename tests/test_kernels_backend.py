@@ -691,7 +691,10 @@ def test_bench_runs_end_to_end(tmp_path):
     assert report.stream["copy 1t"] > 0 and report.stream["triad 1t"] > 0 and report.stream["memcpy 1t"] > 0
     text = bench.format_report(report, markdown=True)
     assert "group_norm" in text and "STREAM" in text and report.machine["cpu"] in text
-    json.dumps(report.to_json())
+    described = json.loads(json.dumps(report.to_json()))
+    units = described["units"]
+    assert set(described) - {"units"} <= {key.split(".")[0] for key in units} | {"machine", "rows", "sweep", "quick"}
+    assert units["stream"].startswith("GB/s") and units["rows.ms"].startswith("milliseconds")
 
 
 def test_bench_command_compiles_every_kernel_of_its_dtypes_before_timing_anything(monkeypatch):
