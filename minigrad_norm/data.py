@@ -20,7 +20,7 @@ import numpy as np
 
 TASKS = ("copy", "reverse", "sort")
 IGNORE = -100  # cross_entropy's ignore_index
-HELDOUT_MODULUS = 10  # one sequence in ten is reserved for evaluation
+HELDOUT_MODULUS = 10  # about one sequence in ten is reserved for evaluation (exactly so for 10 symbols)
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,17 @@ class SequenceTask:
             raise ValueError(f"SequenceTask: task must be one of {TASKS}, got {self.task!r}")
         if self.n_symbols < 2 or self.length < 1:
             raise ValueError(f"SequenceTask: need n_symbols >= 2 and length >= 1, got {self.n_symbols}, {self.length}")
+        # the residues the hash can take over all n_symbols^length prompts, one position at a time
+        reached = {13 % HELDOUT_MODULUS}
+        for w in self._weights():
+            reached = {(r + d * int(w)) % HELDOUT_MODULUS for r in reached for d in range(self.n_symbols)}
+        if 0 not in reached or reached == {0}:
+            split = "held-out" if 0 not in reached else "training"
+            raise ValueError(
+                f"SequenceTask: with n_symbols={self.n_symbols} and length={self.length} no prompt falls in the "
+                f"{split} split (the hash of its digits is {'never' if 0 not in reached else 'always'} 0 modulo "
+                f"{HELDOUT_MODULUS}); take more symbols or a longer length"
+            )
 
     @property
     def sep(self) -> int:
@@ -56,10 +67,12 @@ class SequenceTask:
             return x[:, ::-1].copy()
         return np.sort(x, axis=1)
 
+    def _weights(self) -> np.ndarray:
+        return (np.arange(1, self.length + 1, dtype=np.int64) * 7919) % 1000003
+
     def is_heldout(self, x: np.ndarray) -> np.ndarray:
         """Which rows of x belong to the held-out split (a fixed hash of the digits)."""
-        weights = (np.arange(1, self.length + 1, dtype=np.int64) * 7919) % 1000003
-        return (x.astype(np.int64) @ weights + 13) % HELDOUT_MODULUS == 0
+        return (x.astype(np.int64) @ self._weights() + 13) % HELDOUT_MODULUS == 0
 
     def prompts(self, rng: np.random.Generator, n: int, heldout: bool) -> np.ndarray:
         """``n`` prompts from one split, shape (n, length)."""

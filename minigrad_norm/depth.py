@@ -11,8 +11,9 @@ through it, backprop the cross-entropy, and record for every layer l = 1..L:
 What to expect (Xiong et al. 2020, "On Layer Normalization in the Transformer
 Architecture", Theorem 1 and Fig. 3): for Post-Norm, ||dL/dW2_L|| at the last
 layer is O(d sqrt(ln d)) whatever L, and going down the stack each norm
-divides the backward signal by the scale of its input sum, so gradients
-shrink roughly geometrically from the top layers to the bottom ones. For
+divides the backward signal by the scale of its input sum, so that gradients
+could shrink from the top layers to the bottom ones (measured here, they do
+not at initialisation itself: see below). For
 Pre-Norm the residual path is an identity, the per-layer gradients stay of
 one order across layers, and the last layer's is O(d sqrt(ln d / L)),
 shrinking like 1/sqrt(L). DeepNorm sits in between.

@@ -40,22 +40,39 @@ from minigrad_norm.tensor import Tensor
 
 
 class Optimizer:
-    """Holds the parameters and a learning rate ``lr`` (which a schedule may change between steps)."""
+    """Holds the parameters and a learning rate ``lr`` (which a schedule may change between steps).
+
+    One group of parameters with one set of hyperparameters: PyTorch's parameter groups (a list of dicts),
+    ``state_dict``/``load_state_dict`` and ``add_param_group`` are not implemented, and a list of dicts is
+    refused with ``TypeError``.
+    """
 
     def __init__(self, params: Iterable[Tensor], lr: float) -> None:
+        name = type(self).__name__
+        if isinstance(params, Tensor):
+            raise TypeError(f"{name}: params must be an iterable of Tensors, got a Tensor of shape {params.shape}")
         self.params = list(params)
         if not self.params:
-            raise ValueError(f"{type(self).__name__}: got an empty parameter list")
+            raise ValueError(f"{name}: got an empty parameter list")
         for k, p in enumerate(self.params):
-            if not isinstance(p, Tensor) or not p.is_leaf:
-                raise TypeError(f"{type(self).__name__}: parameter {k} is not a leaf Tensor")
+            if not isinstance(p, Tensor):
+                raise TypeError(
+                    f"{name}: parameter {k} is a {type(p).__name__}, not a Tensor (parameter groups, dicts in "
+                    "PyTorch, are not implemented)"
+                )
+            if not p.is_leaf:
+                raise ValueError(f"{name}: can't optimize a non-leaf Tensor (parameter {k}, shape {p.shape})")
         if not lr >= 0.0:  # not `lr < 0.0`, which a nan lr would pass
-            raise ValueError(f"{type(self).__name__}: invalid learning rate lr={lr}")
+            raise ValueError(f"{name}: invalid learning rate lr={lr}")
         self.lr = lr
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every gradient (PyTorch's default), or with ``set_to_none=False`` zero them in place."""
         for p in self.params:
-            p.grad = None
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad[...] = 0
 
     def step(self) -> None:
         for i, p in enumerate(self.params):
@@ -168,8 +185,14 @@ class WarmupSchedule:
     k-th call (k = 1, 2, ...) sets ``lr = base_lr * factor(k)``::
 
         factor(k) = k / warmup_steps                               for k <= warmup_steps
-        then, with u = (k - warmup_steps) / (total_steps - warmup_steps):
+        then, with u = (k - 1 - warmup_steps) / (total_steps - warmup_steps):
             "constant": 1,  "linear": 1 - u,  "cosine": (1 + cos(pi u)) / 2
+
+    The decay counts from k - 1, so that every one of ``total_steps`` steps moves the parameters: the first
+    step after the warmup is at the peak, and the lr would reach 0 at step total_steps + 1 (counted from k it
+    reached 0 at the last step, which then did nothing, and a run of one step none at all). The decay is
+    that of Hugging Face's ``get_cosine_schedule_with_warmup`` with ``scheduler.step()`` after each step; the
+    warmup is 1/w, ..., 1 rather than its 0, ..., (w-1)/w, whose first step is lost.
     """
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int = 0, decay: str = "constant") -> None:
@@ -188,7 +211,7 @@ class WarmupSchedule:
             return k / self.warmup_steps
         if self.decay == "constant":
             return 1.0
-        u = min(1.0, (k - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        u = min(1.0, (k - 1 - self.warmup_steps) / (self.total_steps - self.warmup_steps))
         return 1.0 - u if self.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * u))
 
     def step(self) -> float:
@@ -197,25 +220,39 @@ class WarmupSchedule:
         return self.optimizer.lr
 
 
-def global_norm(arrays: Iterable[np.ndarray]) -> float:
-    """sqrt(sum over arrays of ||a||^2), accumulated in float64: the 2-norm of all of them as one vector."""
-    return math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays))
+def global_norm(arrays: Iterable[np.ndarray], norm_type: float = 2.0) -> float:
+    """The ``norm_type``-norm of all ``arrays`` as one vector, (sum |a|^p)^(1/p) accumulated in float64, or
+    max |a| for p = inf."""
+    if norm_type == math.inf:
+        return max((float(np.max(np.abs(a), initial=0.0)) for a in arrays), default=0.0)
+    if norm_type == 2.0:  # (the usual one: squares, and one correctly rounded square root)
+        return math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays))
+    return sum(float(np.sum(np.abs(a.astype(np.float64)) ** norm_type)) for a in arrays) ** (1 / norm_type)
 
 
-def clip_grad_norm_(params: Iterable[Tensor], max_norm: float, error_if_nonfinite: bool = False) -> float:
-    """Scale all gradients together so that their global 2-norm is at most ``max_norm``; return the norm before.
+def clip_grad_norm_(
+    parameters: Tensor | Iterable[Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+) -> float:
+    """Scale all gradients together so that their global norm is at most ``max_norm``; return the norm before.
 
-    As ``torch.nn.utils.clip_grad_norm_``: total = sqrt(sum over parameters of
-    ||grad||^2), and every grad is multiplied by min(1, max_norm / (total + 1e-6)).
+    As ``torch.nn.utils.clip_grad_norm_`` (the same arguments, in its order): total = the ``norm_type``-norm
+    of all gradients as one vector (max |g| for inf), and every grad is multiplied by
+    min(1, max_norm / (total + 1e-6)); a NaN total makes every grad NaN, as there. Unlike PyTorch, the norm is
+    summed in float64 whatever the gradients' dtype, and returned as a Python float.
     """
-    grads = [p.grad for p in params if p.grad is not None]
+    if isinstance(norm_type, bool) or not isinstance(norm_type, int | float) or not norm_type > 0:
+        raise ValueError(f"clip_grad_norm_: norm_type must be a number > 0 (or inf), got {norm_type!r}")
+    grads = [p.grad for p in ([parameters] if isinstance(parameters, Tensor) else parameters) if p.grad is not None]
     if not grads:
         return 0.0
-    total = global_norm(grads)
+    total = global_norm(grads, norm_type)
     if error_if_nonfinite and not math.isfinite(total):
         raise RuntimeError(f"clip_grad_norm_: the total gradient norm is {total}; set error_if_nonfinite=False to clip")
     coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
+    if not coef >= 1.0:  # (written so that a NaN total, whose coef is NaN, scales every grad too)
         for g in grads:
             g *= g.dtype.type(coef)
     return total

@@ -91,6 +91,17 @@ def test_adamw_decays_before_its_step() -> None:
     np.testing.assert_allclose(p.data, np.array([2.0, -1.0]) * (1 - lr * wd) - lr * g / (np.abs(g) + eps), rtol=1e-14)
 
 
+def test_zero_grad_drops_the_gradients_or_zeros_them_in_place() -> None:
+    a, b = param([1.0, 2.0]), param([3.0])
+    opt = SGD([a, b], lr=0.1)
+    a.grad = np.array([5.0, 6.0])
+    held = a.grad
+    opt.zero_grad(set_to_none=False)
+    assert a.grad is held and held.tolist() == [0.0, 0.0] and b.grad is None
+    opt.zero_grad()
+    assert a.grad is None
+
+
 def test_parameters_without_grad_are_skipped_and_state_is_per_parameter() -> None:
     a, b = param([1.0]), param([1.0])
     opt = Adam([a, b], lr=0.1)
@@ -118,10 +129,13 @@ def test_warmup_schedule() -> None:
     assert [s.step() for _ in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     opt = SGD([param([0.0])], lr=2.0)
     s = WarmupSchedule(opt, warmup_steps=2, total_steps=6, decay="linear")
-    assert [s.step() for _ in range(7)] == pytest.approx([1.0, 2.0, 1.5, 1.0, 0.5, 0.0, 0.0])
+    # the decay counts from the step before: the last of the 6 steps still moves (0.5), 0 would be the 7th
+    assert [s.step() for _ in range(8)] == pytest.approx([1.0, 2.0, 2.0, 1.5, 1.0, 0.5, 0.0, 0.0])
     opt = SGD([param([0.0])], lr=1.0)
     s = WarmupSchedule(opt, warmup_steps=1, total_steps=3, decay="cosine")
-    assert [s.step() for _ in range(3)] == pytest.approx([1.0, 0.5, 0.0])
+    assert [s.step() for _ in range(3)] == pytest.approx([1.0, 1.0, 0.5])  # (1 + cos(pi u)) / 2, u = 0, 1/2
+    s = WarmupSchedule(SGD([param([0.0])], lr=1.0), warmup_steps=0, total_steps=1, decay="cosine")
+    assert s.step() == 1.0  # a run of one step moves
     with pytest.raises(ValueError, match="total_steps"):
         WarmupSchedule(opt, 5, 5, decay="cosine")
 
@@ -139,6 +153,22 @@ def test_clip_grad_norm() -> None:
         clip_grad_norm_([a], 1.0, error_if_nonfinite=True)
 
 
+def test_clip_grad_norm_takes_torch_s_arguments_a_single_tensor_and_spreads_nan() -> None:
+    a, b = param([0.0, 0.0]), param([0.0])
+    a.grad, b.grad = np.array([3.0, -4.0]), np.array([2.0])
+    assert clip_grad_norm_([a, b], 1.0, 1.0) == 9.0  # the third argument is norm_type, as torch's: |3|+|4|+|2|
+    np.testing.assert_allclose(a.grad, [3.0 / (9.0 + 1e-6), -4.0 / (9.0 + 1e-6)], rtol=1e-15)
+    a.grad, b.grad = np.array([3.0, -4.0]), np.array([2.0])
+    assert clip_grad_norm_([a, b], 10.0, norm_type=np.inf) == 4.0 and a.grad.tolist() == [3.0, -4.0]
+    assert clip_grad_norm_(b, 1.0) == 2.0 and b.grad[0] == 2.0 / (2.0 + 1e-6)  # one Tensor, not its rows
+    a.grad, b.grad = np.array([np.nan, 1.0]), np.array([2.0])
+    assert np.isnan(clip_grad_norm_([a, b], 1.0))
+    assert np.isnan(a.grad).all() and np.isnan(b.grad).all()  # a NaN norm reaches every gradient, as torch's
+    for bad in (0.0, -1.0, np.nan, "2"):
+        with pytest.raises(ValueError, match="clip_grad_norm_: norm_type must be a number > 0"):
+            clip_grad_norm_([a], 1.0, norm_type=bad)
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="learning rate"):
         SGD([param([0.0])], lr=-1.0)
@@ -146,8 +176,12 @@ def test_bad_arguments() -> None:
         Adam([param([0.0])], betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="empty"):
         AdamW([])
-    with pytest.raises(TypeError, match="parameter 0 is not a leaf Tensor"):
+    with pytest.raises(ValueError, match=r"SGD: can't optimize a non-leaf Tensor \(parameter 0, shape \(1,\)\)"):
         SGD([param([0.0]) * 2.0], lr=0.1)
+    with pytest.raises(TypeError, match="SGD: params must be an iterable of Tensors, got a Tensor of shape"):
+        SGD(param([0.0]), lr=0.1)
+    with pytest.raises(TypeError, match="parameter 0 is a dict, not a Tensor .parameter groups"):
+        SGD([{"params": [param([0.0])], "lr": 0.1}], lr=0.1)
     with pytest.raises(ValueError, match="nesterov"):
         SGD([param([0.0])], lr=0.1, nesterov=True)
 

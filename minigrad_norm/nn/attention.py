@@ -45,7 +45,8 @@ class Attention(Function):
 
     A query whose every key is masked has no softmax (0/0): its row of P is 0, so its output is 0 and
     it passes no gradient, as in PyTorch's ``scaled_dot_product_attention`` (the path its
-    ``TransformerEncoderLayer`` and ``MultiheadAttention(need_weights=False)`` take). Left padding
+    ``TransformerEncoderLayer`` and ``MultiheadAttention(need_weights=False)`` take, except in eval mode
+    under ``no_grad``, where their fast path gives NaN). Left padding
     under a causal mask makes such queries: the padded positions before the first real token.
 
     Backward, from G = dL/dO (the softmax rule dS = P * (dP - rowsum(dP * P))
