@@ -1,12 +1,16 @@
-"""Cross-checks against PyTorch: blocks (outputs and every gradient) and optimizer steps."""
+"""Cross-checks against PyTorch: blocks (outputs and every gradient), optimizer steps and the Module API."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is the optional cross-check peer for blocks and optimizers")
 
+import minigrad_norm.nn as mnn  # noqa: E402
 from minigrad_norm.nn import TransformerBlock  # noqa: E402
 from minigrad_norm.nn.transformer import MODES, NORMS  # noqa: E402
 from minigrad_norm.optim import SGD, Adam, AdamW, clip_grad_norm_  # noqa: E402
@@ -223,16 +227,202 @@ def test_optimizer_steps_match_torch(ours_cls, torch_cls, kwargs, dtype) -> None
         np.testing.assert_allclose(p.data, tp.detach().numpy(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, float("inf")])
 @pytest.mark.parametrize("max_norm", [0.5, 100.0])
-def test_clip_grad_norm_matches_torch(max_norm: float) -> None:
+def test_clip_grad_norm_matches_torch(max_norm: float, norm_type: float) -> None:
     rng = np.random.default_rng(0)
     ours = [Tensor(np.zeros(s), requires_grad=True) for s in [(3, 4), (5,)]]
     theirs = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in [(3, 4), (5,)]]
     for p, tp in zip(ours, theirs, strict=True):
         g = rng.standard_normal(p.shape)
         p.grad, tp.grad = g.copy(), torch.tensor(g)
-    total = clip_grad_norm_(ours, max_norm)
-    ttotal = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    total = clip_grad_norm_(ours, max_norm, norm_type)
+    ttotal = torch.nn.utils.clip_grad_norm_(theirs, max_norm, norm_type)
     assert total == pytest.approx(float(ttotal), rel=1e-12)
     for p, tp in zip(ours, theirs, strict=True):
         np.testing.assert_allclose(p.grad, tp.grad.numpy(), rtol=1e-12)
+
+
+# -- the Module API against torch.nn.Module ---------------------------------------------------------------------
+def module_net(nn: Any, parameter: Callable[[np.ndarray], Any], buffer: Callable[[np.ndarray], Any], dtype: Any):
+    """One network built from our nn or from torch.nn: a weight tied across two Linears, a Linear shared under two
+    names, a BatchNorm, a ModuleList with a run of equal entries, and a submodule that registers a child before
+    its own parameter and buffer (PyTorch's state_dict still lists the module's parameters, buffers, then children)."""
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2, dtype=dtype)
+            self.scale = parameter(np.array([0.5, 2.0]))
+            self.register_buffer("shift", buffer(np.array([0.25, -0.5])))
+
+        def forward(self, x):
+            return self.lin(x) * self.scale + self.shift
+
+        def extra_repr(self) -> str:
+            return "scaled=True\nshifted=True"
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(2, 2, dtype=dtype)
+            self.b = nn.Linear(2, 2, dtype=dtype)
+            self.b.weight = self.a.weight  # weight tying
+            self.bn = nn.BatchNorm1d(2, dtype=dtype)
+            self.inner = Inner()
+            self.blocks = nn.ModuleList(
+                [nn.Linear(2, 2, dtype=dtype) for _ in range(2)] + [nn.Linear(2, 3, dtype=dtype)]
+            )
+            self.shared = self.a  # one module under two names
+
+        def forward(self, x):
+            return self.blocks[2](self.inner(self.bn(self.b(self.a(x)))))
+
+    return Net()
+
+
+def module_nets(state: dict[str, np.ndarray] | None = None):
+    """Our Net and torch's, both loaded with ``state`` (default: a seeded random one, each entry different,
+    so the three names of the tied weight carry three different values)."""
+    ours = module_net(mnn, mnn.Parameter, np.asarray, np.float64)
+    theirs = module_net(torch.nn, lambda a: torch.nn.Parameter(t64(a)), t64, torch.float64)
+    if state is None:
+        rng = np.random.default_rng(0)
+        state = {k: rng.uniform(0.5, 1.5, v.shape) for k, v in theirs.state_dict().items()}
+        state["bn.num_batches_tracked"] = np.array(3)
+    # given in reverse: of two names of one array the later in the module's order wins, not the mapping's later
+    backwards = dict(reversed(state.items()))
+    ours.load_state_dict(backwards)
+    theirs.load_state_dict({k: torch.tensor(v) for k, v in backwards.items()})
+    return ours, theirs
+
+
+def test_module_names_and_state_dict_keys_match_torch() -> None:
+    ours, theirs = module_nets()
+    assert list(ours.state_dict()) == list(theirs.state_dict())  # order too, tied entries under every name
+    for kw in ({}, {"remove_duplicate": False}):
+        for method in ("named_parameters", "named_buffers", "named_modules"):
+            assert [n for n, _ in getattr(ours, method)(**kw)] == [n for n, _ in getattr(theirs, method)(**kw)]
+    assert [n for n, _ in ours.named_modules(prefix="net")] == [n for n, _ in theirs.named_modules(prefix="net")]
+    assert [n for n, _ in ours.named_children()] == [n for n, _ in theirs.named_children()]
+    assert [type(m).__name__ for m in ours.children()] == [type(m).__name__ for m in theirs.children()]
+    assert len(ours.parameters()) == len(list(theirs.parameters()))
+
+
+def test_loading_tied_entries_matches_torch() -> None:
+    """The module_nets state gives the tied weight three different values: the last name's wins in both."""
+    ours, theirs = module_nets()
+    for (name, value), (name_t, value_t) in zip(ours.state_dict().items(), theirs.state_dict().items(), strict=True):
+        assert name == name_t
+        np.testing.assert_array_equal(value, value_t.numpy(), err_msg=name)
+    partial = {k: v for k, v in ours.state_dict().items() if k != "b.weight"}
+    result = ours.load_state_dict(partial, strict=False)
+    assert tuple(result) == tuple(theirs.load_state_dict({k: t64(v) for k, v in partial.items()}, strict=False))
+    assert result.missing_keys == ["b.weight"]
+
+
+def test_module_repr_matches_torch() -> None:
+    ours, theirs = module_nets()
+    assert repr(ours) == repr(theirs)
+    assert repr(ours.blocks[:0]) == repr(theirs.blocks[:0])
+
+
+def test_zero_grad_matches_torch() -> None:
+    """Only ``inner`` takes part in the forward: the other parameters have no gradient, and keep none."""
+    ours, theirs = module_nets()
+    x, g = np.random.default_rng(1).standard_normal((2, 4, 2))
+    ours.inner(Tensor(x)).backward(g)
+    theirs.inner(t64(x)).backward(t64(g))
+    grads = {name: p.grad for name, p in ours.named_parameters()}
+    assert any(v is None for v in grads.values()) and any(v is not None for v in grads.values())
+    ours.zero_grad(set_to_none=False)
+    theirs.zero_grad(set_to_none=False)
+    for (name, p), (_, p_t) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        assert (p.grad is None) == (p_t.grad is None), name
+        if p.grad is not None:
+            assert p.grad is grads[name]  # zeroed in place
+            np.testing.assert_array_equal(p.grad, p_t.grad.numpy())
+    ours.zero_grad()
+    theirs.zero_grad()
+    assert all(p.grad is None for p in ours.parameters()) and all(p.grad is None for p in theirs.parameters())
+
+
+W = np.array([[0.5, -1.0], [2.0, 0.25]])
+FUNCTIONAL_CALLS = {
+    "one name of a tied weight replaces all": ({"a.weight": W}, {}),
+    "another name of it": ({"b.weight": W}, {}),
+    "the name of the shared module": ({"shared.weight": W}, {}),
+    "the same value under every name": ({"a.weight": W, "b.weight": W, "shared.weight": W}, {}),
+    "untied: only that name": ({"a.weight": W}, {"tie_weights": False}),
+    "buffers": ({"bn.running_mean": np.array([0.3, -0.2]), "inner.shift": np.array([1.0, 2.0])}, {}),
+    "parameters and buffers as two dicts": (({"inner.scale": W[0]}, {"bn.running_var": W[1] ** 2}), {}),
+}
+
+
+@pytest.mark.parametrize("wrap", [True, False], ids=["args tuple", "single arg"])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("case", list(FUNCTIONAL_CALLS))
+def test_functional_call_matches_torch_func(case: str, training: bool, wrap: bool) -> None:
+    values, kwargs = FUNCTIONAL_CALLS[case]
+    ours, theirs = module_nets()
+    ours.train(training)
+    theirs.train(training)
+    before = ours.state_dict()
+    dicts = [values] if isinstance(values, dict) else list(values)
+    # one object per array, so a value given under several names is the same object on each side, as
+    # tie_weights compares them by identity
+    made: dict[tuple[int, Any], Any] = {}
+    ours_dicts, theirs_dicts = (
+        [{k: made.setdefault((id(v), make), make(v)) for k, v in d.items()} for d in dicts] for make in (Tensor, t64)
+    )
+    given, given_t = (
+        (ours_dicts[0], theirs_dicts[0]) if isinstance(values, dict) else (tuple(ours_dicts), tuple(theirs_dicts))
+    )
+    x = np.random.default_rng(2).standard_normal((4, 2))
+    args, args_t = ((Tensor(x),), (t64(x),)) if wrap else (Tensor(x), t64(x))
+    y = mnn.functional_call(ours, given, args, **kwargs)
+    y_t = torch.func.functional_call(theirs, given_t, args_t, **kwargs)
+    np.testing.assert_allclose(y.data, y_t.detach().numpy(), rtol=1e-12, atol=1e-12)
+    # In training mode the batch norm's running statistics moved as torch's did, except a buffer given to the
+    # call, which took the in-place updates instead; every other entry of the module is back as it was. (Not
+    # compared with torch: 2.13 leaves the replacement in a module shared under two names, as it restores the
+    # shared slot in the order it swapped it.)
+    state, state_t = ours.state_dict(), theirs.state_dict()
+    for name, value in state.items():
+        if training and name.startswith("bn."):
+            np.testing.assert_allclose(value, state_t[name].numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+        else:
+            np.testing.assert_array_equal(value, before[name], err_msg=name)
+    buffers = dict(ours.named_buffers())
+    for d, d_t in zip(ours_dicts, theirs_dicts, strict=True):
+        for name in buffers.keys() & d.keys():
+            np.testing.assert_allclose(d[name].data, d_t[name].numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_functional_call_errors_match_torch_func() -> None:
+    ours, theirs = module_nets()
+    x = np.ones((4, 2))
+    w, w2 = Tensor(W), Tensor(2 * W)
+    tw, tw2 = t64(W), t64(2 * W)
+    calls = [
+        # two values for one tied weight
+        (
+            lambda: mnn.functional_call(ours, {"a.weight": w, "b.weight": w, "shared.weight": w2}, Tensor(x)),
+            lambda: torch.func.functional_call(theirs, {"a.weight": tw, "b.weight": tw, "shared.weight": tw2}, t64(x)),
+        ),
+        # strict: everything must be given (the tied names count once one of them is)
+        (
+            lambda: mnn.functional_call(ours, {"a.weight": w}, Tensor(x), strict=True),
+            lambda: torch.func.functional_call(theirs, {"a.weight": tw}, t64(x), strict=True),
+        ),
+        (
+            lambda: mnn.functional_call(ours, ({"a.weight": w}, {"a.weight": w}), Tensor(x)),
+            lambda: torch.func.functional_call(theirs, ({"a.weight": tw}, {"a.weight": tw}), t64(x)),
+        ),
+    ]
+    for call, call_t in calls:
+        with pytest.raises(Exception) as caught_t:
+            call_t()
+        with pytest.raises(type(caught_t.value)) as caught:
+            call()
+        assert str(caught.value) == str(caught_t.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -21,6 +22,7 @@ from minigrad_norm.nn import (
     Module,
     ModuleList,
     MultiHeadSelfAttention,
+    Parameter,
     TransformerBlock,
     TransformerLM,
 )
@@ -58,7 +60,7 @@ def test_block_gradcheck_with_key_padding_mask() -> None:
     pad[1, -1] = True  # the last key of the second sequence is padding
 
     def fn(x: Tensor, *params: Tensor) -> Tensor:
-        return functional_call(b, dict(zip(names, params, strict=True)), x, key_padding_mask=pad)
+        return functional_call(b, dict(zip(names, params, strict=True)), (x,), {"key_padding_mask": pad})
 
     with key_bias_is_vacuous(b):
         assert gradcheck(fn, block_inputs(b)(np.random.default_rng(3)), atol=1e-6, rtol=1e-5)
@@ -381,6 +383,59 @@ def test_module_traversal_train_eval_zero_grad() -> None:
     assert all(p.grad is None for p in m.parameters())
 
 
+def test_assigning_a_non_parameter_over_a_parameter_is_refused() -> None:
+    """As PyTorch (TypeError): a plain Tensor over a parameter would silently drop it from parameters() and the
+    state dict. None is allowed (the parameter is then absent), and a Parameter takes the slot back."""
+    lin = Linear(2, 2)
+    with pytest.raises(TypeError, match=r"cannot assign 'minigrad_norm\.tensor\.Tensor' as parameter 'weight'"):
+        lin.weight = Tensor(np.zeros((2, 2), np.float32))
+    with pytest.raises(TypeError, match=r"cannot assign 'numpy\.ndarray' as parameter 'weight'"):
+        lin.weight = np.zeros((2, 2), np.float32)
+    assert [n for n, _ in lin.named_parameters()] == ["weight", "bias"]
+    lin.weight = None
+    assert [n for n, _ in lin.named_parameters()] == ["bias"]
+    lin.weight = Parameter(np.zeros((2, 2), np.float32))
+    assert [n for n, _ in lin.named_parameters()] == ["weight", "bias"]
+    lm = small_lm(0)
+    with pytest.raises(TypeError, match="cannot assign 'int' as child module 'head'"):
+        lm.head = 3
+    assert isinstance(lm.head, Linear)
+
+
+def test_load_state_dict_takes_tensors() -> None:
+    a, b = Linear(3, 2), Linear(3, 2)
+    assert b.load_state_dict(dict(a.named_parameters())) == ([], [])
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        np.testing.assert_array_equal(q.data, p.data, err_msg=name)
+        assert q.data is not p.data  # copied in, not shared
+
+
+def test_module_list_indexing_and_slicing() -> None:
+    layers = ModuleList([Linear(2, 2), Linear(2, 3), Linear(3, 3)])
+    tail = layers[1:]
+    assert isinstance(tail, ModuleList) and list(tail) == list(layers)[1:]
+    assert [n for n, _ in tail.named_parameters()] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert layers[-1] is list(layers)[2]
+    with pytest.raises(IndexError, match="index 3 is out of range"):
+        layers[3]
+    with pytest.raises(TypeError):
+        layers["0"]
+
+
+def test_save_takes_parameters_named_like_savez_arguments(tmp_path) -> None:
+    class Odd(Module):
+        def __init__(self, value: float) -> None:
+            super().__init__()
+            self.file = Parameter(np.full(2, value))
+            self.allow_pickle = Parameter(np.full(3, value))
+
+    Odd(1.5).save(tmp_path / "odd.npz")
+    loaded = Odd(0.0)
+    loaded.load(tmp_path / "odd.npz")
+    np.testing.assert_array_equal(loaded.file.data, np.full(2, 1.5))
+    np.testing.assert_array_equal(loaded.allow_pickle.data, np.full(3, 1.5))
+
+
 # -- data, training -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("task", ["copy", "reverse", "sort"])
 def test_sequence_task(task: str) -> None:
@@ -400,6 +455,21 @@ def test_sequence_task(task: str) -> None:
     assert t.is_heldout(held[:, :4]).all()
     with pytest.raises(ValueError, match="task"):
         SequenceTask("shuffle")
+
+
+@pytest.mark.parametrize("n_symbols", [2, 3, 4, 5])
+@pytest.mark.parametrize("length", [1, 2, 3])
+def test_a_task_whose_split_would_be_empty_is_refused(n_symbols: int, length: int) -> None:
+    """Sampling from an empty split would never end: the task is refused exactly when one of its splits, found
+    here by listing every prompt, is empty."""
+    every = np.array(list(itertools.product(range(n_symbols), repeat=length)))
+    heldout = SequenceTask("copy", 10, length).is_heldout(every)  # (the hash does not depend on n_symbols)
+    if heldout.any() and not heldout.all():
+        t = SequenceTask("copy", n_symbols, length)
+        assert t.is_heldout(t.sample(np.random.default_rng(0), 4, heldout=True)[0][:, :length]).all()
+    else:
+        with pytest.raises(ValueError, match=r"no prompt falls in the (held-out|training) split"):
+            SequenceTask("copy", n_symbols, length)
 
 
 def test_greedy_decode_uses_the_model_predictions() -> None:
@@ -440,8 +510,9 @@ def test_training_reduces_the_loss(mode: str) -> None:
     assert result.token_accuracy > 2 * result.chance_accuracy
 
 
-def test_a_run_shorter_than_its_warmup_still_warms_up_and_decays(monkeypatch) -> None:
-    """--steps 3 with the default warmup of 50: the warmup is cut to 2 steps, not dropped (full lr from step 1)."""
+def test_a_run_shorter_than_its_warmup_still_warms_up(monkeypatch) -> None:
+    """--steps 3 with the default warmup of 50: the warmup is cut to 2 steps, not dropped (full lr from step 1);
+    the decay's first step is at the peak (it counts from the step before: ``WarmupSchedule``)."""
     lrs: list[float] = []
     step = AdamW.step
 
@@ -453,7 +524,7 @@ def test_a_run_shorter_than_its_warmup_still_warms_up_and_decays(monkeypatch) ->
     cfg = TrainConfig(steps=3, lr=1e-2, layers=1, d_model=16, heads=2, d_ff=32, batch_size=2, length=4, eval_size=2)
     assert cfg.warmup == 50
     result = train(cfg, progress=False)
-    np.testing.assert_allclose(lrs, [5e-3, 1e-2, 0.0], atol=1e-15)  # warmup 1/2, 2/2, then cosine down to 0
+    np.testing.assert_allclose(lrs, [5e-3, 1e-2, 1e-2], atol=1e-15)  # warmup 1/2, 2/2, then cosine at u = 0
     assert result.config.warmup == 2  # the config reported is the one used
     with pytest.raises(ValueError, match="steps must be positive, got 0"):
         train(TrainConfig(steps=0), progress=False)
@@ -552,8 +623,14 @@ def test_functional_call_swaps_parameters_for_one_call(rng: np.random.Generator)
     x = Tensor(np.array([[1.0, 2.0, 3.0]]))
     np.testing.assert_array_equal(functional_call(lin, {"weight": w}, x).data, x.data[:, :2] + lin.bias.data)
     assert lin.weight is original  # restored after the call
-    with pytest.raises(KeyError, match="no parameters"):
+    # PyTorch ignores a name the module lacks unless strict=True: we refuse it always, with its strict message
+    with pytest.raises(
+        RuntimeError, match=re.escape("Error(s) in reparametrizing for Linear:\n\tUnexpected key(s): 'wieght'.")
+    ):
         functional_call(lin, {"wieght": w}, x)
+    with pytest.raises(TypeError, match="parameter 'weight' must be a Tensor or None, got numpy.ndarray"):
+        functional_call(lin, {"weight": np.eye(2, 3)}, x)
+    assert lin.weight is original
 
 
 def test_cli_rejects_bad_options_before_any_work(capsys) -> None:
