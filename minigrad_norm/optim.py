@@ -69,10 +69,7 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop every gradient (PyTorch's default), or with ``set_to_none=False`` zero them in place."""
         for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad[...] = 0
+            p.zero_grad(set_to_none)
 
     def step(self) -> None:
         for i, p in enumerate(self.params):

@@ -236,8 +236,13 @@ class Tensor:
                 else:
                     t.grad += g
 
-    def zero_grad(self) -> None:
-        self.grad = None
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradient (``set_to_none``, PyTorch's default for modules and optimizers), or zero it in
+        place: in place keeps the array (and anything holding it), and a gradient that is None stays None."""
+        if set_to_none:
+            self.grad = None
+        elif self.grad is not None:
+            self.grad[...] = 0
 
     # -- operators (defined in ops.py) --------------------------------------
     def __add__(self, other: Any) -> Tensor:

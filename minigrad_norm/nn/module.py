@@ -211,13 +211,10 @@ class Module:
         return self.train(False)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop every parameter's gradient (``set_to_none``, the default) or zero it in place, as PyTorch's:
-        in place keeps the arrays (and anything holding them), and a gradient that is None stays None."""
+        """Drop every parameter's gradient (``set_to_none``, the default) or zero it in place, as PyTorch's
+        (``Tensor.zero_grad``)."""
         for p in self.parameters():
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad[...] = 0
+            p.zero_grad(set_to_none)
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
