@@ -363,7 +363,7 @@ class Tensor:
     def permute(self, *dims: int | Sequence[int]) -> Tensor:
         return ops.permute(self, dims[0] if len(dims) == 1 and not isinstance(dims[0], int) else dims)
 
-    def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
         """Swap two axes (PyTorch's ``transpose``; for a full permutation use ``permute``)."""
         return ops.swapaxes(self, dim0, dim1)
 
