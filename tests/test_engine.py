@@ -296,6 +296,13 @@ def test_cross_entropy_with_weights_and_smoothing_by_hand():
     np.testing.assert_allclose(mean.data, loss.data / 4, rtol=1e-15)  # the mean divides by w_t
 
 
+def test_transpose_needs_both_dims_as_in_pytorch():
+    x = leaf(np.arange(6.0).reshape(1, 2, 3))
+    assert x.transpose(0, 2).shape == (3, 2, 1)
+    with pytest.raises(TypeError):
+        x.transpose()
+
+
 def test_softmax_over_an_empty_axis_is_empty():
     x = leaf(np.zeros((2, 0)))
     F.softmax(x, dim=-1).sum().backward()
