@@ -313,7 +313,7 @@ def gradcheck_report(
                 f"{np.nanmax(np.abs(a - r)):.3e}"
             )
     numeric = numerical_jacobian(fn, inputs, eps, method)
-    if method == "complex" and (mismatch := _complex_step_mismatch(fn, inputs, numeric, shapes)):
+    if method == "complex" and (mismatch := _complex_step_mismatch(fn, inputs, numeric, outs)):
         return failed(mismatch)
 
     worst_abs = worst_rel = 0.0
@@ -406,8 +406,11 @@ def _nonlinear_backward(
     return ""
 
 
-def _complex_step_mismatch(fn: Fn, inputs: tuple[Tensor, ...], numeric: Sequence[np.ndarray], shapes: list) -> str:
-    """A failure message if the complex-step Jacobians disagree with central differences, else "".
+def _complex_step_mismatch(
+    fn: Fn, inputs: tuple[Tensor, ...], numeric: Sequence[np.ndarray], outs: tuple[Tensor, ...]
+) -> str:
+    """A failure message if the complex-step Jacobians disagree with central differences, else "";
+    ``outs`` are fn's outputs at ``inputs``.
 
     The complex step is only right for a forward that is complex-analytic. Central differences here take
     a step of 1e-6 times the largest |input| (at least 1e-6), and their roundoff, about u |f| / h per
@@ -418,9 +421,8 @@ def _complex_step_mismatch(fn: Fn, inputs: tuple[Tensor, ...], numeric: Sequence
     scale = max((float(np.max(np.abs(inputs[k].data), initial=0.0)) for k in wrt), default=0.0)
     h = 1e-6 * max(1.0, scale)
     central = numerical_jacobian(fn, inputs, h, "central")
-    with no_grad():
-        f = np.abs(_flat_output("gradcheck", fn(*inputs)))
-    roundoff = 16 * np.finfo(np.float64).eps * f[:, None] / h
+    shapes = [o.shape for o in outs]
+    roundoff = 16 * np.finfo(np.float64).eps * np.abs(_flat_output("gradcheck", outs))[:, None] / h
     for k, c, n in zip(wrt, central, numeric):
         if (where := _worst_mismatch(n, c, _CENTRAL_ATOL + roundoff, _CENTRAL_RTOL)) is not None:
             i, j = where

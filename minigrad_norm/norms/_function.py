@@ -229,10 +229,15 @@ def check_momentum(op: str, momentum: Any) -> float | None:
     return float(momentum)
 
 
+def _is_int(value: Any) -> bool:
+    """An int, Python's or NumPy's, and not a bool."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 def check_int(op: str, name: str, value: Any, *, minimum: int | None = None) -> int:
     """A count (``num_groups``, ``num_features``...) must be an int (Python's or NumPy's) and not a bool,
     as in PyTorch, where ``int()`` would truncate 2.5 or read "2"; ``>= minimum`` when one is given."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+    if not _is_int(value):
         raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{op}: {name} must be >= {minimum}, got {value}")
@@ -252,18 +257,19 @@ def check_normalized_shape(op: str, normalized_shape: Any) -> tuple[int, ...]:
     )
     if isinstance(normalized_shape, str | bytes | bool | np.bool_):
         raise TypeError(message)
-    if isinstance(normalized_shape, int | np.integer):
+    if _is_int(normalized_shape):
         dims: tuple[Any, ...] = (normalized_shape,)
     else:
         try:
             dims = tuple(normalized_shape)
         except TypeError:
             raise TypeError(message) from None
-    if any(isinstance(d, bool | np.bool_) or not isinstance(d, int | np.integer) for d in dims):
+    if not all(_is_int(d) for d in dims):
         raise TypeError(message)
-    if any(d < 0 for d in dims):
-        raise ValueError(f"{op}: normalized_shape={tuple(int(d) for d in dims)} must have no negative size")
-    return tuple(int(d) for d in dims)
+    shape = tuple(int(d) for d in dims)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{op}: normalized_shape={shape} must have no negative size")
+    return shape
 
 
 def check_affine(op: str, name: str, value: Any, shape: tuple[int, ...], x_shape: tuple[int, ...]) -> Any:

@@ -62,6 +62,19 @@ def row_view(op: str, x_shape: tuple[int, ...], normalized_shape: int | Sequence
     return shape, (math.prod(x_shape[: len(x_shape) - len(shape)]), 1, math.prod(shape), 1)
 
 
+def row_args(
+    op: str, x: Any, normalized_shape: int | Sequence[int], weight: Any, bias: Any, eps: Any
+) -> tuple[Tensor, Any, Any, float, View]:
+    """The checks ``layer_norm``, ``rms_norm`` and their Jacobians share (as ``channel_args`` for the (N, C, *)
+    norms): x as a float Tensor, eps >= 0, weight and bias None or of ``normalized_shape``; returns them and
+    the view (rows, 1, D, 1)."""
+    x = as_float_tensor(op, x)
+    eps = check_eps(op, eps, allow_zero=True)
+    shape, view = row_view(op, x.shape, normalized_shape)
+    weight = check_affine(op, "weight", weight, shape, x.shape)
+    return x, weight, check_affine(op, "bias", bias, shape, x.shape), eps, view
+
+
 def layer_norm(
     input: Any,  # noqa: A002  (PyTorch's name, for callers passing it by keyword)
     normalized_shape: int | Sequence[int],
@@ -75,11 +88,7 @@ def layer_norm(
     the exact invariants are stated at eps = 0, but a constant row then gives
     0/0 = NaN.
     """
-    x = as_float_tensor("layer_norm", input)
-    eps = check_eps("layer_norm", eps, allow_zero=True)
-    shape, view = row_view("layer_norm", x.shape, normalized_shape)
-    weight = check_affine("layer_norm", "weight", weight, shape, x.shape)
-    bias = check_affine("layer_norm", "bias", bias, shape, x.shape)
+    x, weight, bias, eps, view = row_args("layer_norm", input, normalized_shape, weight, bias, eps)
     return Normalize.apply(x, weight, bias, view=view, eps=eps)
 
 
@@ -92,9 +101,6 @@ def layer_norm_jacobian(
     rows in C order of the leading dims, elements in C order of normalized_shape.
     The arguments are checked as ``layer_norm`` checks them, with the same errors.
     """
-    op = "layer_norm_jacobian"
-    x = as_float_tensor(op, x).data
-    eps = check_eps(op, eps, allow_zero=True)
-    shape, view = row_view(op, x.shape, normalized_shape)
-    w = array_of(check_affine(op, "weight", weight, shape, x.shape))
-    return group_jacobians(x.reshape(view), None if w is None else w.reshape(view[1:3]), eps)
+    x, weight, _, eps, view = row_args("layer_norm_jacobian", x, normalized_shape, weight, None, eps)
+    w = array_of(weight)
+    return group_jacobians(x.data.reshape(view), None if w is None else w.reshape(view[1:3]), eps)

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.norms._function import Normalize, array_of, as_float_tensor, check_affine, check_eps, group_jacobians
-from minigrad_norm.norms.layer_norm import row_view
+from minigrad_norm.norms._function import Normalize, array_of, as_float_tensor, group_jacobians
+from minigrad_norm.norms.layer_norm import row_args
 from minigrad_norm.tensor import Tensor
 
 
@@ -55,10 +55,8 @@ def rms_norm(
     ``eps=None`` means ``np.finfo(input.dtype).eps``; an explicit eps must be >= 0
     (0 is the exact, scale-invariant case used by the invariants).
     """
-    x = as_float_tensor("rms_norm", input)
-    eps = check_eps("rms_norm", _default_eps(eps, x.dtype), allow_zero=True)
-    shape, view = row_view("rms_norm", x.shape, normalized_shape)
-    weight = check_affine("rms_norm", "weight", weight, shape, x.shape)
+    x = as_float_tensor("rms_norm", input)  # (for its dtype's eps)
+    x, weight, _, eps, view = row_args("rms_norm", x, normalized_shape, weight, None, _default_eps(eps, x.dtype))
     return Normalize.apply(x, weight, None, view=view, eps=eps, centered=False)
 
 
@@ -71,8 +69,7 @@ def rms_norm_jacobian(
     The arguments are checked as ``rms_norm`` checks them, with the same errors.
     """
     op = "rms_norm_jacobian"
-    x = as_float_tensor(op, x).data
-    eps = check_eps(op, _default_eps(eps, x.dtype), allow_zero=True)
-    shape, view = row_view(op, x.shape, normalized_shape)
-    w = array_of(check_affine(op, "weight", weight, shape, x.shape))
-    return group_jacobians(x.reshape(view), None if w is None else w.reshape(view[1:3]), eps, centered=False)
+    x = as_float_tensor(op, x)  # (for its dtype's eps)
+    x, weight, _, eps, view = row_args(op, x, normalized_shape, weight, None, _default_eps(eps, x.dtype))
+    w = array_of(weight)
+    return group_jacobians(x.data.reshape(view), None if w is None else w.reshape(view[1:3]), eps, centered=False)
