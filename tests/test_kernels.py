@@ -1079,30 +1079,37 @@ def test_wrong_arguments_raise_on_both_backends(mod):
 
 
 @pytest.mark.parametrize("mod", [numba_cpu, reference], ids=["numba", "reference"])
-@pytest.mark.parametrize("where", ["x itself", "x shifted", "dy itself", "dy shifted"])
-def test_out_overlapping_an_input_gives_the_same_results(mod, where, rng):
-    """``out`` may share memory with what the kernel reads: the result is as if it did not (written via a
-    temporary where the kernel would read what it has written)."""
-    shape = (4, 3, 2, 5)
+@pytest.mark.parametrize("shape", [(4, 3, 2, 5), (6, 1, 8, 1)], ids=["blocks", "rows"])
+@pytest.mark.parametrize("fixed_stats", [False, True], ids=["batch stats", "fixed stats"])
+@pytest.mark.parametrize("where", ["x itself", "x shifted", "dy itself", "dy shifted", "mean", "rstd"])
+def test_out_overlapping_an_input_gives_the_same_results(mod, shape, fixed_stats, where, rng):
+    """``out`` may share memory with what the kernel reads (x, dy, or the statistics the backward reads): the
+    result is as if it did not (written via a temporary, or a copy of the statistics, where the kernel would read
+    what it has written)."""
     size = int(np.prod(shape))
     x, dy = rng.standard_normal(shape), rng.standard_normal(shape)
-    w = rng.standard_normal((3, 2))
+    w = rng.standard_normal(shape[1:3])
     y_ok, mean, var = reference.norm_forward(x, w, None, EPS)
     rstd = 1 / np.sqrt(var + EPS)
-    dx_ok, dw_ok, db_ok = reference.norm_backward(dy, x, mean, rstd, w)
-    shift = 0 if "itself" in where else 5
+    dx_ok, dw_ok, db_ok = reference.norm_backward(dy, x, mean, rstd, w, fixed_stats=fixed_stats)
+    shift = 5 if "shifted" in where else 0
     buf = np.zeros(size + shift)
     src = buf[:size].reshape(shape)
     out = buf[shift:].reshape(shape)
-    if where.startswith("x"):
+    if where in ("mean", "rstd"):  # (the statistics in out's first values, written first)
+        stat = buf[: mean.size].reshape(mean.shape)
+        stat[...] = mean if where == "mean" else rstd
+        args = (stat, rstd) if where == "mean" else (mean, stat)
+        dx, dw, db = mod.norm_backward(dy, x, *args, w, fixed_stats=fixed_stats, out=out)
+    elif where.startswith("x"):
         src[...] = x
         y, _, _ = mod.norm_forward(src, w, None, EPS, out=out)
         np.testing.assert_allclose(y, y_ok, rtol=1e-12, atol=1e-12)
         src[...] = x  # (out may have overwritten it)
-        dx, dw, db = mod.norm_backward(dy, src, mean, rstd, w, out=out)
+        dx, dw, db = mod.norm_backward(dy, src, mean, rstd, w, fixed_stats=fixed_stats, out=out)
     else:
         src[...] = dy
-        dx, dw, db = mod.norm_backward(src, x, mean, rstd, w, out=out)
+        dx, dw, db = mod.norm_backward(src, x, mean, rstd, w, fixed_stats=fixed_stats, out=out)
     assert dx is out
     np.testing.assert_allclose(dx, dx_ok, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dw, dw_ok, rtol=1e-12)

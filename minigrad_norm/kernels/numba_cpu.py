@@ -914,8 +914,9 @@ def _dx_row_affine(dyb, xb, dxb, w, mu, r, proj, mdx, fixed, tw, tb):
     if fixed:
         for i in range(xb.shape[0]):
             d = dyb[i]
+            xh = _xhat(xb[i], mh, ml, r)  # (read before dx is written: out may be x itself)
             dxb[i] = d * w[i] * r
-            tw[i] += d * _xhat(xb[i], mh, ml, r)
+            tw[i] += d * xh
             tb[i] += d
     else:
         for i in range(xb.shape[0]):
@@ -2297,12 +2298,17 @@ def _stat2(stat: np.ndarray, G: int) -> np.ndarray:
 
 
 def _out_buffer(
-    out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, reads: tuple[np.ndarray, ...]
+    out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, reads: tuple[np.ndarray | None, ...]
 ) -> np.ndarray:
     """Where the kernel writes: ``out`` itself when it can (C-contiguous, of the result's dtype, and not
     overlapping what the kernel reads, unless it is that very array: each block is read before it is
     written), else a C-contiguous array from the pool, copied into ``out`` at the end."""
-    if out is not None and out.dtype == dtype and out.flags.c_contiguous and not any(_overlaps(out, a) for a in reads):
+    if (
+        out is not None
+        and out.dtype == dtype
+        and out.flags.c_contiguous
+        and not any(_overlaps(out, a) for a in reads if a is not None)
+    ):
         return out
     return POOL.empty(shape, dtype)
 
@@ -2532,7 +2538,7 @@ def norm_forward(
     N, G, K, S = x.shape
     xc = np.ascontiguousarray(x)
     w2, b2 = _affine2(weight, G, K, 1.0, x.dtype), _affine2(bias, G, K, 0.0, x.dtype)
-    y = _out_buffer(out, x.shape, x.dtype, reads=(xc, w2, b2))
+    y = _out_buffer(out, x.shape, x.dtype, reads=(xc, w2, b2, mask))
     if stats is None:
         mean2 = POOL.empty((1 if reduce_batch else N, G), np.float64)
         var2 = POOL.empty(mean2.shape, np.float64)
@@ -2601,8 +2607,10 @@ def norm_backward(
     dy3 = np.ascontiguousarray(dy, dtype=common).reshape(N, G, L)
     x3 = np.ascontiguousarray(x, dtype=common).reshape(N, G, L)
     mean2, rstd2, w2 = _stat2(mean, G), _stat2(rstd, G), _affine2(weight, G, K, 1.0, common)
+    # (statistics that share memory with out are copied: they are read after dx has begun to be written)
+    mean2, rstd2 = (s.copy() if out is not None and np.may_share_memory(out, s) else s for s in (mean2, rstd2))
     if common == x.dtype:
-        dx = _out_buffer(out, x.shape, common, reads=(dy3.reshape(x.shape), x3.reshape(x.shape), w2))
+        dx = _out_buffer(out, x.shape, common, reads=(dy3.reshape(x.shape), x3.reshape(x.shape), w2, mask))
     else:
         dx = POOL.empty(x.shape, common)
 
