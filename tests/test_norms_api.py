@@ -222,6 +222,29 @@ def test_a_refused_switch_or_momentum_leaves_the_running_buffers_alone(rng) -> N
         np.testing.assert_array_equal(rv, np.ones(3))
 
 
+def test_a_read_only_buffer_refuses_a_training_step_before_any_update(rng) -> None:
+    """NumPy's own error came after the first update (running_mean moved, running_var could not), naming
+    neither op nor buffer. Evaluation reads the buffers only, so read-only buffers are fine there."""
+    x = rng.standard_normal((4, 3, 5))
+    training = (lambda *a: batch_norm(*a, training=True, momentum=1.0), lambda *a: instance_norm(*a, momentum=1.0))
+    for op, name in zip(training, ("batch_norm", "instance_norm"), strict=True):
+        rm, rv = np.zeros(3), np.ones(3)
+        rv.flags.writeable = False
+        with pytest.raises(ValueError, match=f"{name}: running_var is read-only"):
+            op(x, rm, rv)
+        np.testing.assert_array_equal(rm, np.zeros(3))
+        rm.flags.writeable = False
+        with pytest.raises(ValueError, match=f"{name}: running_mean is read-only"):
+            op(x, rm, rv)
+    y = batch_norm(x, rm, rv, training=False)
+    np.testing.assert_allclose(y.data, x / np.sqrt(1 + 1e-5), atol=1e-12)
+    bn = nn.BatchNorm1d(3, dtype=np.float64)
+    bn.num_batches_tracked.flags.writeable = False
+    with pytest.raises(ValueError, match="BatchNorm1d: num_batches_tracked is read-only"):
+        bn(x)
+    np.testing.assert_array_equal(np.stack([bn.running_mean, bn.running_var]), [np.zeros(3), np.ones(3)])
+
+
 def test_numpy_bools_are_read_as_their_value(rng) -> None:
     x = rng.standard_normal((4, 3, 5))
     rm, rv = rng.standard_normal(3), rng.uniform(0.5, 2.0, 3)
@@ -296,6 +319,10 @@ def test_instance_norm_unbatched_input_is_a_batch_of_one(rng) -> None:
     y = nn.InstanceNorm2d(2, dtype=np.float64)(x)
     assert y.shape == (2, 3, 4)
     np.testing.assert_allclose(y.data, instance_norm(x[None]).data[0])
+    mask = np.arange(12).reshape(3, 4) % 5 > 0  # (a mask Tensor as well as an array, as in the batched form)
+    for m in (mask, Tensor(mask)):
+        y = nn.InstanceNorm2d(2, dtype=np.float64)(x, mask=m)
+        np.testing.assert_allclose(y.data, instance_norm(x[None], mask=mask[None]).data[0])
 
 
 def test_state_dict_round_trip(rng) -> None:

@@ -23,7 +23,14 @@ import numpy as np
 
 from minigrad_norm.nn.module import Module, Parameter
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
-from minigrad_norm.norms._function import check_eps, check_flag, check_int, check_momentum, check_normalized_shape
+from minigrad_norm.norms._function import (
+    check_eps,
+    check_flag,
+    check_int,
+    check_momentum,
+    check_normalized_shape,
+    check_writeable,
+)
 from minigrad_norm.tensor import Tensor
 
 
@@ -151,6 +158,8 @@ class _BatchNorm(_NormBase):
         x = self._input(x)
         counting = self.training and self.track_running_stats
         momentum = self.momentum
+        if counting:
+            check_writeable(self.name, "num_batches_tracked", self.num_batches_tracked)
         if counting and momentum is None:  # cumulative average over the batches seen, this one included
             momentum = 1.0 / float(self.num_batches_tracked + 1)
         # eval mode normalizes with the running buffers, unless there are none
@@ -223,7 +232,7 @@ class _InstanceNorm(_NormBase):
             warnings.warn(message + "; num_features is not used because affine=False", stacklevel=2)
         if unbatched:
             x = x.reshape((1, *x.shape))
-            mask = None if mask is None else np.asarray(mask)[None]
+            mask = None if mask is None else np.asarray(mask.data if isinstance(mask, Tensor) else mask)[None]
         y = instance_norm(
             x,
             self.running_mean,

@@ -352,12 +352,21 @@ def running_stats(
     ``check_momentum`` returns it."""
     if mean is None or var is None:  # (both, after check_buffer_pair)
         return None
+    check_writeable(op, "running_mean", mean)
+    check_writeable(op, "running_var", var)
     if momentum is None:
         raise TypeError(
             f"{op}: momentum=None (a cumulative average) needs the batch counter of a module; the functional "
             "form takes a number (the module passes 1 / num_batches_tracked)"
         )
     return RunningStats(mean, var, momentum)
+
+
+def check_writeable(op: str, name: str, buffer: np.ndarray) -> None:
+    """A buffer updated in place must be writable, checked before any update, so that a refused call changes
+    none of them (NumPy's own error would come after the first update, and name neither op nor buffer)."""
+    if not buffer.flags.writeable:
+        raise ValueError(f"{op}: {name} is read-only, but training updates it in place")
 
 
 def given_stats(op: str, mean: np.ndarray | None, var: np.ndarray | None, flag: str) -> tuple[np.ndarray, np.ndarray]:
