@@ -169,6 +169,24 @@ class Tensor:
         self._requires_grad = bool(value)
 
     @property
+    def grad(self) -> np.ndarray | None:
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: np.ndarray | None) -> None:
+        # Checked here, as PyTorch checks an assigned .grad: an optimizer would otherwise broadcast a (1,)
+        # gradient over a (3,) parameter, or fail half-way through its update.
+        if value is not None:
+            if not isinstance(value, np.ndarray):
+                raise TypeError(f"Tensor.grad: expected an ndarray or None, got {type(value).__name__}")
+            if value.shape != self.shape or value.dtype != self.dtype:
+                raise RuntimeError(
+                    f"Tensor.grad: assigned grad has shape {value.shape} and dtype {value.dtype}, but the "
+                    f"tensor has shape {self.shape} and dtype {self.dtype}"
+                )
+        self._grad = value
+
+    @property
     def shape(self) -> tuple[int, ...]:
         return self.data.shape
 

@@ -8,6 +8,7 @@ import pytest
 import minigrad_norm as mg
 import minigrad_norm.functional as F
 from minigrad_norm import Function, Tensor
+from minigrad_norm.optim import SGD
 
 
 def leaf(a, dtype=np.float64):
@@ -128,6 +129,24 @@ def test_grad_returns_fresh_writable_arrays():
         (gx,) = mg.grad(out, [x], gradient=g)
         assert gx.flags.writeable and not np.shares_memory(gx, g)
         np.testing.assert_array_equal(gx, g)
+
+
+def test_an_assigned_grad_must_match_the_tensor_as_in_pytorch():
+    """A (1,) grad on a (3,) parameter was broadcast by SGD's update: a silently wrong step."""
+    p = Tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    for bad in (np.array([10.0]), np.ones((1, 3)), np.ones(3, np.float32)):
+        with pytest.raises(
+            RuntimeError, match=r"Tensor.grad: assigned grad has shape .* but the tensor has shape \(3,\)"
+        ):
+            p.grad = bad
+    with pytest.raises(TypeError, match="expected an ndarray or None, got list"):
+        p.grad = [1.0, 2.0, 3.0]
+    assert p.grad is None
+    p.grad = np.ones(3)
+    SGD([p], lr=0.5).step()
+    np.testing.assert_array_equal(p.data, [0.5, 1.5, 2.5])
+    p.grad = None
+    assert p.grad is None
 
 
 def test_no_grad_records_nothing():
