@@ -276,24 +276,24 @@ class CrossEntropy(Function):
         return np.moveaxis(d, -1, 1), None
 
 
-def relu(x: Tensor) -> Tensor:
-    return ReLU.apply(x)
+def relu(input: Tensor) -> Tensor:  # noqa: A002  (PyTorch's name, for callers passing it by keyword)
+    return ReLU.apply(input)
 
 
-def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return GELU.apply(x, approximate=approximate)
+    return GELU.apply(input, approximate=approximate)
 
 
-def softmax(x: Tensor, axis: int | None = None, *, dim: int | None = None) -> Tensor:
+def softmax(input: Tensor, axis: int | None = None, *, dim: int | None = None) -> Tensor:  # noqa: A002
     """Softmax along ``axis`` (or ``dim``, PyTorch's name), the last one by default."""
-    return Softmax.apply(x, axis=_one_axis("softmax", x, axis, dim))
+    return Softmax.apply(input, axis=_one_axis("softmax", input, axis, dim))
 
 
-def log_softmax(x: Tensor, axis: int | None = None, *, dim: int | None = None) -> Tensor:
+def log_softmax(input: Tensor, axis: int | None = None, *, dim: int | None = None) -> Tensor:  # noqa: A002
     """Log-softmax along ``axis`` (or ``dim``, PyTorch's name), the last one by default."""
-    return LogSoftmax.apply(x, axis=_one_axis("log_softmax", x, axis, dim))
+    return LogSoftmax.apply(input, axis=_one_axis("log_softmax", input, axis, dim))
 
 
 def _one_axis(op: str, x: Tensor, axis: int | None, dim: int | None) -> int:
@@ -305,30 +305,34 @@ def _one_axis(op: str, x: Tensor, axis: int | None, dim: int | None) -> int:
     return int(axis)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
     if bias is None:
-        return Linear.apply(as_tensor(x), weight)
-    return Linear.apply(as_tensor(x), weight, bias)
+        return Linear.apply(as_tensor(input), weight)
+    return Linear.apply(as_tensor(input), weight, bias)
 
 
-def embedding(indices: Any, weight: Tensor) -> Tensor:
-    """Rows of ``weight`` (num_embeddings, dim) picked by integer ``indices`` (PyTorch's order)."""
-    return Embedding.apply(weight, np.asarray(indices.data if isinstance(indices, Tensor) else indices))
+def embedding(input: Any, weight: Tensor) -> Tensor:  # noqa: A002
+    """Rows of ``weight`` (num_embeddings, dim) picked by the integer indices ``input`` (PyTorch's order)."""
+    return Embedding.apply(weight, np.asarray(input.data if isinstance(input, Tensor) else input))
 
 
 def cross_entropy(
-    logits: Tensor,
-    targets: Any,
+    input: Tensor,  # noqa: A002
+    target: Any,
     weight: Any = None,
+    *,
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
 ) -> Tensor:
-    """PyTorch's ``F.cross_entropy`` with class-index targets; ``weight`` (C,) is a constant, as there."""
-    targets = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+    """PyTorch's ``F.cross_entropy`` with class-index targets: logits ``input`` (N, C, *), ``target`` (N, *);
+    ``weight`` (C,) is a constant, as there. The options after ``weight`` are keyword-only: PyTorch's next
+    positional parameters are its deprecated ``size_average`` and ``reduce``, which a call by position would
+    have filled."""
+    target = np.asarray(target.data if isinstance(target, Tensor) else target)
     weight = None if weight is None else np.asarray(weight.data if isinstance(weight, Tensor) else weight)
     return CrossEntropy.apply(
-        logits, targets, weight=weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+        input, target, weight=weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
     )
 
 

@@ -141,3 +141,20 @@ def test_pow_at_zero_and_negative_bases(form):
         else:
             for base in bases:
                 both(lambda p: base**p, lambda p: base**p, np.array(exponents))  # noqa: B023
+
+
+@pytest.mark.parametrize("name", ["relu", "gelu", "softmax", "log_softmax", "linear", "embedding", "cross_entropy"])
+def test_the_functionals_take_their_arguments_by_pytorchs_names_and_positions(name):
+    """A call by keyword (``cross_entropy(input=..., target=...)``) or by position means the same thing in both:
+    our positional parameters are the first of PyTorch's, but softmax's ``axis`` (PyTorch's ``dim``, which ours
+    takes as a keyword too)."""
+    import inspect
+
+    ours = inspect.signature(getattr(F, name)).parameters.values()
+    positional = [p.name for p in ours if p.kind is p.POSITIONAL_OR_KEYWORD]
+    builtins = {"gelu": ["input", "approximate"], "linear": ["input", "weight", "bias"]}  # (as their docs say:
+    # C functions have no signature to inspect)
+    all_theirs = builtins.get(name) or list(inspect.signature(getattr(TF, name)).parameters)
+    assert [{"axis": "dim"}.get(p, p) for p in positional] == all_theirs[: len(positional)]
+    keywords = {p.name for p in ours if p.kind is p.KEYWORD_ONLY}
+    assert keywords <= set(all_theirs) | {"axis"}
