@@ -9,8 +9,12 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from minigrad_norm import __version__
+
+if TYPE_CHECKING:
+    from minigrad_norm.train import TrainConfig
 
 # A check row that takes longer than this is, on a fresh install, the first use of a norm compiling its numba kernels
 CHECK_SLOW_ROW_SECONDS = 3.0
@@ -163,6 +167,23 @@ def _model_args_error(args: argparse.Namespace) -> str | None:
     return _limits_error(limits) or _output_error(args, ["--json", "--plot"]) or _plot_error(args)
 
 
+def _train_memory_error(cfg: TrainConfig) -> str | None:
+    """Why ``train(cfg)`` would not fit in this machine's available memory (with 1 GiB for the rest of the
+    process), found before the run, which would otherwise fail, or be killed, part-way through."""
+    from minigrad_norm.kernels.machine import available_memory_bytes
+    from minigrad_norm.train import memory_estimate
+
+    available, need = available_memory_bytes(), memory_estimate(cfg) + 2**30
+    if available is None or need <= available:
+        return None
+    return (
+        f"--length {cfg.length} with --batch-size {cfg.batch_size}, --layers {cfg.layers} and --heads {cfg.heads} "
+        f"needs about {need / 2**30:.1f} GiB (attention arrays of heads x T x T values for T = {2 * cfg.length}, "
+        f"in training and in greedy decoding of {cfg.eval_size} held-out sequences), but "
+        f"{available / 2**30:.1f} GiB of memory is available"
+    )
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from minigrad_norm.train import TrainConfig, plot_losses, train
 
@@ -173,13 +194,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         ("--clip", args.clip, args.clip >= 0, ">= 0 (0 = off)"),
     ]
     error = _model_args_error(args) or _limits_error(limits)
+    fields = TrainConfig.__dataclass_fields__
+    configs = [
+        TrainConfig(mode=mode, **{k: v for k, v in vars(args).items() if k in fields and k != "mode"})
+        for mode in args.mode
+    ]
+    error = error or _train_memory_error(configs[0])
     if error:
         print(f"train: {error}", file=sys.stderr)
         return 2
-    fields = TrainConfig.__dataclass_fields__
     results = []
-    for mode in args.mode:
-        cfg = TrainConfig(mode=mode, **{k: v for k, v in vars(args).items() if k in fields and k != "mode"})
+    for cfg in configs:
         result = train(cfg, progress=not args.no_progress)
         print(result.summary(), flush=True)
         results.append(result)

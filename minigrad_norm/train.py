@@ -101,6 +101,23 @@ def build_model(cfg: TrainConfig, task: SequenceTask) -> TransformerLM:
     )
 
 
+# On long sequences the attention arrays (heads x T x T values a sequence) outweigh the rest. A training step
+# holds about one a layer for each sequence of its batch (the probabilities each layer saves for its backward)
+# and six besides (the step's temporaries); greedy decoding, without a graph, about three for each held-out
+# sequence. Measured: tracemalloc's peaks at lengths 100 and 150 (T = 200, 300), batches of 4-32, 1-3 layers;
+# the estimate counts eight besides, to err on the high side.
+ATTENTION_ARRAYS_PER_LAYER, ATTENTION_ARRAYS_BESIDES, ATTENTION_ARRAYS_DECODING = 1, 8, 3
+
+
+def memory_estimate(cfg: TrainConfig) -> int:
+    """About the peak bytes of ``train(cfg)`` where the sequences are long enough for the attention arrays to
+    dominate (shorter runs take little memory)."""
+    t = SequenceTask(cfg.task, cfg.n_symbols, cfg.length).seq_len
+    per_sequence = cfg.heads * t * t * np.dtype(cfg.dtype).itemsize
+    training = cfg.batch_size * (ATTENTION_ARRAYS_PER_LAYER * cfg.layers + ATTENTION_ARRAYS_BESIDES)
+    return per_sequence * max(training, cfg.eval_size * ATTENTION_ARRAYS_DECODING)
+
+
 def greedy_decode(model: TransformerLM, task: SequenceTask, prompts: np.ndarray) -> np.ndarray:
     """Generate the answer to each prompt one token at a time, feeding back the model's own predictions."""
     seq = np.concatenate([prompts, np.full((len(prompts), 1), task.sep)], axis=1)

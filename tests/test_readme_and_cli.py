@@ -206,6 +206,36 @@ def test_bench_memory_estimate_refuses_what_would_not_fit():
     assert bench.memory_error([case], ["float32"], need - 1) is None  # float32's x is half as big
 
 
+def test_train_refuses_a_run_that_would_not_fit_before_any_work(monkeypatch, capsys, no_work):
+    """``train --length 1000`` holds attention arrays of 4 x 2000 x 2000 values a sequence: it ran out of memory
+    part-way through. Refused now, naming the options and the sizes."""
+    from minigrad_norm.kernels import machine
+
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 8 * 2**30)
+    assert main(["train", "--length", "1000"]) == 2
+    assert re.search(r"--length 1000 .* needs about \d+\.\d GiB .* but 8\.0 GiB", capsys.readouterr().err)
+    with pytest.raises(AssertionError, match="started its work"):  # the default run fits
+        main(["train"])
+
+
+def test_train_memory_estimate_bounds_the_peak_where_attention_dominates():
+    """The estimate's counts of attention arrays, against what a run holds at its peak (tracemalloc sees NumPy's
+    allocations): an attention that saved more than it does now would make the estimate too low."""
+    import tracemalloc
+
+    from minigrad_norm.train import TrainConfig, memory_estimate, train
+
+    cfg = TrainConfig(task="copy", length=100, layers=2, batch_size=4, eval_size=2, steps=1)
+    train(cfg, progress=False)  # (the kernels compiled or loaded, outside the measurement)
+    tracemalloc.start()
+    try:
+        train(cfg, progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= memory_estimate(cfg) <= 2 * peak
+
+
 def test_bench_times_a_shape_or_a_dtype_given_twice_once(monkeypatch):
     from minigrad_norm import bench
 
