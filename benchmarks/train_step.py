@@ -199,7 +199,7 @@ def breakdown(step: Callable[[], None], repeats: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=30, help="timed steps per side and config (default 30)")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--json", metavar="PATH", type=bench.output_path, help="also write the results as JSON")
     args = parser.parse_args()
     try:  # PyTorch before numba starts its thread pool: the other order made PyTorch's 2-thread steps 3x slower
         import torch

@@ -1147,6 +1147,39 @@ def selection(args: Any) -> tuple[list[Case], list[Case]]:
 # -- argparse types of the scripts in benchmarks/: a bad value is a usage error, before any work
 
 
+def output_problem(path: str) -> str | None:
+    """Why the file ``path`` could not be written, found before the run it would hold.
+
+    The file is opened for appending and closed (``os.access`` says yes to root everywhere, /sys included), and
+    removed again if it was not there: a run that fails or is interrupted leaves no empty results file behind.
+    """
+    if os.path.isdir(path):
+        return "is a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(parent):
+        return f"directory {parent} does not exist"
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory"
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        return f"not writable ({e.strerror})"
+    if not existed:
+        os.remove(path)
+    return None
+
+
+def output_path(text: str) -> str:
+    """A file the script can write (``output_problem``): probed when the options are read, not after the run."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty")
+    if problem := output_problem(text):
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
+    return text
+
+
 def positive_int(text: str) -> int:
     """An int >= 1 (rounds, rows, repeats)."""
     try:

@@ -89,34 +89,20 @@ def _limits_error(limits: Sequence[tuple[str, float, bool, str]]) -> str | None:
 
 
 def _output_error(args: argparse.Namespace, options: Sequence[str]) -> str | None:
-    """Why a file named by one of the output ``options`` could not be written, found before the run it would hold.
+    """Why a file named by one of the output ``options`` could not be written (``bench.output_problem``), or
+    two of them name one file, found before the run they would hold."""
+    from minigrad_norm.bench import output_problem
 
-    The file is opened for appending and closed (``os.access`` says yes to root everywhere, /sys included), and
-    removed again if it was not there: a run that fails or is interrupted leaves no empty results file behind.
-    """
     given = {option: getattr(args, option[2:].replace("-", "_")) for option in options}
     given = {option: path for option, path in given.items() if path is not None}
     seen: dict[str, str] = {}
     for option, path in given.items():
         if not path:
             return f"{option}: the path is empty"
-        if os.path.isdir(path):
-            return f"{option} {path}: is a directory"
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.exists(parent):
-            return f"{option} {path}: directory {parent} does not exist"
-        if not os.path.isdir(parent):
-            return f"{option} {path}: {parent} is not a directory"
         if (first := seen.setdefault(os.path.realpath(path), option)) != option:
             return f"{option} {path}: {first} writes the same file"
-        existed = os.path.exists(path)
-        try:
-            with open(path, "a"):
-                pass
-        except OSError as e:
-            return f"{option} {path}: not writable ({e.strerror})"
-        if not existed:
-            os.remove(path)
+        if problem := output_problem(path):
+            return f"{option} {path}: {problem}"
     return None
 
 

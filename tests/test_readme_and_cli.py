@@ -1,5 +1,6 @@
 """The README's examples run as written, and the command line behaves."""
 
+import argparse
 import json
 import re
 import subprocess
@@ -192,6 +193,21 @@ def test_the_writability_probe_leaves_no_file_behind(tmp_path, capsys, no_work):
     with pytest.raises(AssertionError, match="started its work"):  # the checks passed, then the work began
         main(["check", "--json", str(out)])
     assert not out.exists()
+
+
+def test_the_benchmark_scripts_refuse_an_unwritable_output_before_the_run(tmp_path):
+    """``benchmarks/train_step.py --json`` to a missing directory failed after its minutes of timing."""
+    from minigrad_norm import bench
+
+    bad_paths = [("", "the path is empty"), (str(tmp_path), "is a directory"), ("/nowhere/r.json", "not exist")]
+    for bad, message in bad_paths:
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            bench.output_path(bad)
+    good = str(tmp_path / "r.json")
+    assert bench.output_path(good) == good and not (tmp_path / "r.json").exists()
+    script = Path(__file__).parent.parent / "benchmarks" / "train_step.py"
+    run = subprocess.run([sys.executable, script, "--json", "/nowhere/r.json"], capture_output=True, text=True)
+    assert run.returncode == 2 and "--json: /nowhere/r.json: directory /nowhere does not exist" in run.stderr
 
 
 def test_bench_memory_estimate_refuses_what_would_not_fit():
