@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -12,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -64,6 +68,52 @@ def test_use_backend_is_per_thread():
     assert seen == ["numba"]
 
 
+def test_use_backend_restores_the_previous_backend_when_its_block_raises(monkeypatch):
+    """A ``use_backend`` block left by an exception must put back the backend in force before it: else every later
+    call in the thread runs on the block's backend. Nested blocks restore in order, each to the one around it,
+    however they are left. (In a fresh context, so that a failure here leaves no backend behind for other tests.)"""
+    monkeypatch.setattr(backend, "_active", "numpy")  # (set_backend's: the backend outside every block)
+
+    def blocks() -> None:
+        assert mg.get_backend() == "numpy"
+        with pytest.raises(RuntimeError, match="in the block"), mg.use_backend("numba"):
+            assert mg.get_backend() == "numba"
+            raise RuntimeError("in the block")
+        assert mg.get_backend() == "numpy" and backend._scoped.get() is None
+        with mg.use_backend("numba"):
+            with mg.use_backend("numpy"):
+                with pytest.raises(KeyError), mg.use_backend("numba"):
+                    assert mg.get_backend() == "numba"
+                    raise KeyError("innermost")
+                assert mg.get_backend() == "numpy"
+            assert mg.get_backend() == "numba"
+            with pytest.raises(ValueError, match="two blocks"), mg.use_backend("numpy"), mg.use_backend("numba"):
+                raise ValueError("two blocks left at once")
+            assert mg.get_backend() == "numba"
+        assert mg.get_backend() == "numpy" and backend._scoped.get() is None
+
+    contextvars.Context().run(blocks)
+
+
+def _kernels_the_engine_calls() -> set[str]:
+    """The kernel functions the package calls through the dispatch, ``kernels_for(...).name``, read from its
+    sources."""
+    sources = "".join(path.read_text() for path in Path(mg.__file__).parent.rglob("*.py"))
+    return set(re.findall(r"kernels_for\([^()]*\)\.(\w+)", sources))
+
+
+def test_both_backends_implement_every_kernel_the_engine_calls_with_one_signature():
+    """``kernels_for`` hands out either kernel module for the same call: a function one backend lacks, or takes
+    with other parameters or defaults (an option only the numba kernels know), would work on one backend and fail,
+    or compute something else, on the other. Every kernel the engine calls has the same signature in both."""
+    from minigrad_norm.kernels import numba_cpu
+
+    names = _kernels_the_engine_calls()
+    assert {"norm_forward", "norm_backward", "erf"} <= names  # (the norms' forward and backward, GELU's erf)
+    for name in sorted(names):
+        assert inspect.signature(getattr(numba_cpu, name)) == inspect.signature(getattr(reference, name)), name
+
+
 def test_bad_backend_names_raise(monkeypatch):
     with pytest.raises(ValueError, match="set_backend: unknown backend 'cuda'"):
         mg.set_backend("cuda")
@@ -112,6 +162,31 @@ def test_without_numba_the_numpy_backend_runs_and_says_so_once():
         x = np.arange(12.0).reshape(3, 1, 4, 1)
         y, mean, var = kernels_for(x).norm_forward(x, None, None, 1e-5)
         assert np.allclose(mean.ravel(), [1.5, 5.5, 9.5])
+        # the norms' backward runs too, through the Tensor API, with the reference kernels' gradients
+        from minigrad_norm import functional as F
+        rng = np.random.default_rng(0)
+        with warnings.catch_warnings(record=True) as later:
+            warnings.simplefilter("always")
+            for name, shape, view, reduce_batch in (
+                ("layer_norm", (4, 6), (4, 1, 6, 1), False), ("batch_norm", (5, 3, 4), (5, 3, 1, 4), True)
+            ):
+                xv, g = rng.standard_normal((2, *shape))
+                wv, bv = rng.standard_normal((2, view[1] * view[2]))
+                x, w, b = (mg.Tensor(a, requires_grad=True) for a in (xv, wv, bv))
+                if name == "layer_norm":
+                    y = F.layer_norm(x, shape[-1], w, b)
+                else:
+                    y = F.batch_norm(x, None, None, w, b, training=True)
+                (y * mg.Tensor(g)).sum().backward()
+                x4, g4, w2, b2 = xv.reshape(view), g.reshape(view), wv.reshape(view[1:3]), bv.reshape(view[1:3])
+                want_y, mean, var = reference.norm_forward(x4, w2, b2, 1e-5, reduce_batch=reduce_batch)
+                rstd = 1 / np.sqrt(var + 1e-5)
+                want = reference.norm_backward(g4, x4, mean, rstd, w2, reduce_batch=reduce_batch)
+                assert np.allclose(y.data, want_y.reshape(shape), rtol=1e-12, atol=1e-12), name
+                for got, grad in zip((x.grad, w.grad, b.grad), want):
+                    assert np.allclose(got, grad.reshape(got.shape), rtol=1e-12, atol=1e-12), name
+        assert not later, [str(warning.message) for warning in later]  # (the warning above was the one)
+        assert sys.modules["numba"] is None and mg.get_backend() == "numpy"
         print("ok")
         """
     )
@@ -782,6 +857,37 @@ def test_bench_times_stream_in_the_rows_own_rounds(monkeypatch):
     assert row.stream == pytest.approx(
         {"copy": stream.bytes["copy"] / 3e-3 / 1e9, "triad": stream.bytes["triad"] / 4e-3 / 1e9}
     )
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype"),
+    [(bench.layer_norm_case(8, 16), "float32"), (bench.channel_case("group_norm", (2, 4, 3, 3), groups=2), "float64")],
+    ids=["layer_norm float32", "group_norm float64"],
+)
+@pytest.mark.parametrize(("direction", "arrays_of_x"), [("fwd", 2), ("bwd", 3), ("fwd+bwd", 5)])
+def test_bench_rows_count_the_minimal_bytes_of_the_cases_shape_and_dtype(monkeypatch, case, dtype, direction,
+                                                                         arrays_of_x):  # fmt: skip
+    """A row's bytes are its direction's minimal traffic in arrays of x's size (fwd reads x and writes y, bwd reads
+    x and dy and writes dx), from the case's shape and the dtype's itemsize, and every GB/s is the bytes moved over
+    the median seconds (made-up times here): bytes counted in elements, or in another dtype's, would misstate
+    every rate and fraction of the report by the itemsize."""
+    seconds = {"numpy": 8e-3, "numba 1t": 4e-3, "numba": 2e-3, "numba out=": 1.5e-3, "copy x": 1e-3, "triad x": 1.25e-3}
+
+    def fake_times(plan, torch, min_rounds, budget_s, warmup_calls=1, before_timed=None, one_warmup=()):
+        # five calls each, whose median is the implementation's time above (STREAM's: 1 ms)
+        return {name: [seconds.get(name, 1e-3) * f for f in (2.0, 0.5, 1.0, 1.5, 0.75)] for name in plan}
+
+    monkeypatch.setattr(bench, "interleaved_times", fake_times)
+    stream = SimpleNamespace(
+        copy_kernel=None, triad_kernel=None, kernels={"copy": None, "triad": None}, bytes={"copy": 1, "triad": 1}
+    )
+    p = bench.Problem.make(case, np.dtype(dtype))
+    row = bench.time_case(p, direction, None, stream, 2, quick=True, impls=tuple(seconds), cold=False)
+    x_bytes = math.prod(case.shape) * np.dtype(dtype).itemsize
+    assert row.bytes == arrays_of_x * x_bytes
+    for impl, t in seconds.items():
+        moved = {"copy x": 2, "triad x": 3}.get(impl, arrays_of_x) * x_bytes  # (the plain kernels' own bytes)
+        assert row.gbps(impl) == pytest.approx(moved / t / 1e9), impl
 
 
 @pytest.mark.parametrize(("threshold", "threads"), [(10**9, 1), (0, 2)])
