@@ -58,11 +58,11 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], type[Exception], str]] =
     ("instance_norm", (X,), {"use_input_stats": 0}, TypeError, r"use_input_stats must be a bool, got int 0"),
     # eps: a finite number, > 0 for the channel norms, >= 0 for layer_norm and rms_norm (as in their forwards)
     ("layer_norm", (X, 4), {"eps": -10.0}, ValueError, r"eps must be a finite number >= 0, got -10.0"),
-    ("layer_norm", (X, 4), {"eps": "1e-5"}, TypeError, r"eps must be a number, got '1e-5'"),
+    ("layer_norm", (X, 4), {"eps": "1e-5"}, TypeError, r"eps must be a real number, got '1e-5'"),
     ("rms_norm", (X, 4), {"eps": float("nan")}, ValueError, r"eps must be a finite number >= 0, got nan"),
     ("group_norm", (X, 3), {"eps": 0.0}, ValueError, r"eps must be a finite number > 0, got 0.0"),
     ("batch_norm", (X,), {"eps": -1e-5, **RUNNING}, ValueError, r"eps must be a finite number > 0"),
-    ("instance_norm", (X,), {"eps": "1e-5"}, TypeError, r"eps must be a number, got '1e-5'"),
+    ("instance_norm", (X,), {"eps": "1e-5"}, TypeError, r"eps must be a real number, got '1e-5'"),
     # weight of the wrong shape, even with the right number of elements
     (
         "layer_norm",

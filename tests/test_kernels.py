@@ -25,6 +25,8 @@ no test depends on cancellation deeper than these bounds allow.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 import pytest
@@ -355,6 +357,41 @@ def test_float32_large_mean_is_subtracted_exactly(reduce_batch):
     dy = rng.standard_normal(shape).astype(np.float32)
     case = dict(x=x, dy=dy, weight=w, bias=w[:, ::-1].copy(), centered=True, reduce_batch=reduce_batch, mask=None)
     check_case({**case, "eval_stats": False, "need_affine_grads": True})
+
+
+@pytest.mark.parametrize("mod", [numba_cpu, reference], ids=["numba", "reference"])
+@pytest.mark.parametrize("offset", [1e8, 1e12])
+@pytest.mark.parametrize(
+    ("view", "reduce_batch"),
+    [
+        ((8, 1, 256, 1), False),  # LayerNorm's rows
+        ((3, 2, 4, 64), False),  # GroupNorm's blocks, one to a work item
+        ((64, 2, 4, 64), False),  # ... two to an item: statistics in pairs
+        ((256, 3, 1, 1), True),  # BatchNorm1d on (N, C): the columns kernels
+        ((5, 3, 1, 52), True),  # BatchNorm2d: a channel's blocks, in pairs and one alone
+    ],
+    ids=["rows", "blocks alone", "blocks in pairs", "columns", "channel of blocks"],
+)
+def test_float64_variance_far_from_zero_mean_takes_two_passes(mod, offset, view, reduce_batch):
+    """float64 x = offset + N(0, 1) with offset 1e8 and 1e12: the mean, variance and y of the two-pass formula on the
+    de-meaned data x - offset (exact in float64), in NumPy. A float64 sum of m values near the offset, in any order,
+    is off by at most m u offset (u = 2^-53), so the mean is, and the two passes give var and y to about that
+    (2.8e-6 and 2.8e-2 here); E[x^2] - E[x]^2, even summed in float64, loses about u offset^2 (1 and 1e8 here, next
+    to a variance of 1), and y with it."""
+    rng = np.random.default_rng(17)
+    x = offset + rng.standard_normal(view)
+    d = x - offset  # exact: x is within a factor 2 of the offset
+    axes = (0, 2, 3) if reduce_batch else (2, 3)
+    m = math.prod(view[a] for a in axes)
+    d_mean = d.mean(axis=axes, keepdims=True)
+    want_var = ((d - d_mean) ** 2).mean(axis=axes, keepdims=True)
+    want_y = (d - d_mean) / np.sqrt(want_var + EPS)
+    tol = m * 2.0**-53 * offset
+    y, mean, var = mod.norm_forward(x, None, None, EPS, reduce_batch=reduce_batch)
+    np.testing.assert_allclose(mean.reshape(-1), (offset + d_mean).reshape(-1), rtol=0, atol=2 * tol)
+    np.testing.assert_allclose(var.reshape(-1), want_var.reshape(-1), rtol=tol, atol=0)
+    bound = tol * (1 / np.sqrt(want_var + EPS) + np.abs(want_y))  # the mean's error, and var's through rstd
+    assert np.all(np.abs(y - want_y) <= bound), f"y off by {np.max(np.abs(y - want_y) / bound):.3g} of its bound"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -853,26 +890,46 @@ def test_kernels_free_every_allocation_they_make(monkeypatch, view, reduce_batch
         ((8, 16, 2, 2100), False),
         ((4096, 64, 1, 1), True),
         ((300, 40, 1, 24), True),
+        ((1001, 1, 100, 1), False),
+        ((1001, 7, 1, 1), True),
     ],
 )
-def test_bit_identical_across_thread_counts(monkeypatch, shape, reduce_batch):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("option", ["weight", "mask", "eval stats", "bias only"])
+def test_bit_identical_across_thread_counts(monkeypatch, shape, reduce_batch, dtype, option):
     """dweight/dbias go through fixed per-chunk partial sums (and BatchNorm's statistics in short runs, the
     columns kernels', too): 1 thread and all threads agree bit for bit. The second and third views are blocks
     of short runs taken as rows (``_as_rows``), the backward's items all three groups of 64 chunks, or two
-    groups of 2 chunks."""
+    groups of 2 chunks; the last two end in uneven chunks (LayerNorm's rows: 30 chunks of 33 rows and one of 11; the
+    columns': 58 chunks of 17 rows, one of 15 and three empty). In float64 too, whose dweight/dbias keep every bit
+    of the float64 partial sums (rounded to float32, other partial sums mostly give the same bits); with a mask,
+    with given (eval) statistics and the fixed-statistics backward, and with a bias but no weight (no affine
+    gradients)."""
     rng = np.random.default_rng(1)
-    x = rng.standard_normal(shape).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    w = rng.standard_normal(shape[1:3]).astype(np.float32)
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal(shape[1:3]).astype(dtype)
+    b = mask = stats = None
+    N, G, _, S = shape
+    if option == "mask":
+        mask = rng.random((N, S)) < 0.7
+        mask[0, 0] = True
+    elif option == "eval stats":
+        stat_shape = (G,) if reduce_batch else (N, G)
+        stats = (rng.standard_normal(stat_shape), rng.random(stat_shape) + 0.5)
+    elif option == "bias only":
+        w, b = None, w
+    opts = dict(reduce_batch=reduce_batch, mask=mask)
     monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0)  # the parallel compile, whatever the size
     results = []
     previous = numba.get_num_threads()
     try:
         for threads in (1, numba.config.NUMBA_NUM_THREADS):
             numba.set_num_threads(threads)
-            y, mean, var = numba_cpu.norm_forward(x, w, None, EPS, reduce_batch=reduce_batch)
+            y, mean, var = numba_cpu.norm_forward(x, w, b, EPS, stats=stats, **opts)
             rstd = 1 / np.sqrt(var + EPS)
-            results.append((y, mean, var, *numba_cpu.norm_backward(dy, x, mean, rstd, w, reduce_batch=reduce_batch)))
+            grads = numba_cpu.norm_backward(dy, x, mean, rstd, w, fixed_stats=stats is not None, **opts)
+            results.append((y, mean, var, *grads))
     finally:
         numba.set_num_threads(previous)
     for one, many in zip(*results):
@@ -1006,6 +1063,78 @@ def test_inputs_are_not_mutated():
         np.testing.assert_array_equal(a, original)
 
 
+def _relaid(a: np.ndarray | None, layout: str) -> np.ndarray | None:
+    """``a``'s values as a view of another memory layout: reversed along an axis (a negative stride there), or stored
+    with its first axis last, then transposed back (axes permuted in memory)."""
+    if a is None:
+        return None
+    if layout == "transposed back":
+        return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 0, -1)), -1, 0)
+    axes = {"reversed first axis": (0,), "reversed second axis": (1,), "reversed every axis": tuple(range(a.ndim))}
+    flip = tuple(axis for axis in axes[layout] if axis < a.ndim)
+    return np.flip(np.ascontiguousarray(np.flip(a, flip)), flip) if flip else a
+
+
+def _norm_outputs(mod, x, dy, w, b, mask, mean, var, reduce_batch) -> dict[str, np.ndarray | None]:
+    """Forward (with computed, then given statistics) and backward (with computed, then fixed statistics), the
+    backward with the statistics given (the oracle's), so that it is compared on its own."""
+    opts = dict(reduce_batch=reduce_batch, mask=mask)
+    y, m, v = mod.norm_forward(x, w, b, EPS, **opts)
+    y_eval = mod.norm_forward(x, w, b, EPS, stats=(mean, var), **opts)[0]
+    rstd = 1 / np.sqrt(var + EPS)
+    out = {"y": y, "mean": m, "var": v, "y eval": y_eval}
+    for fixed in (False, True):
+        grads = mod.norm_backward(dy, x, mean, rstd, w, fixed_stats=fixed, **opts)
+        out.update({f"{name} fixed={fixed}": g for name, g in zip(("dx", "dweight", "dbias"), grads)})
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the reference on a masked row
+@pytest.mark.parametrize(
+    "layout", ["reversed first axis", "reversed second axis", "reversed every axis", "transposed back"]
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize(
+    ("view", "reduce_batch"),
+    [((7, 1, 40, 1), False), ((5, 3, 4, 40), False), ((6, 3, 1, 40), True), ((40, 6, 1, 1), True)],
+    ids=["rows", "blocks", "channel of blocks", "columns"],
+)
+def test_negative_strides_and_transposed_views_give_the_contiguous_results(layout, dtype, masked, view, reduce_batch):
+    """x, dy, the weight, the bias, the mask and the statistics as views with negative strides (reversed along an
+    axis) or of a transposed array transposed back: the numba kernels give the bits they give on contiguous copies,
+    and both backends the reference's results on those copies (to the module's bounds). A kernel that took such a
+    view's memory for a C-contiguous array's would read the values in the wrong places, or past the array."""
+    rng = np.random.default_rng(13)
+    N, G, K, S = view
+    x = (2.0 + rng.standard_normal(view)).astype(dtype)
+    dy = rng.standard_normal(view).astype(dtype)
+    w, b = (rng.standard_normal((G, K)).astype(dtype) for _ in range(2))
+    mask = None
+    if masked:
+        mask = rng.random((N, S)) < 0.7
+        mask[0] = True  # (every channel and every row of the first sample has valid values)
+    _, mean, var = reference.norm_forward(x, w, b, EPS, reduce_batch=reduce_batch, mask=mask)
+    contiguous = (x, dy, w, b, mask, mean, var)
+    relaid = [_relaid(a, layout) for a in contiguous]
+    for a, r in zip(contiguous, relaid):
+        np.testing.assert_array_equal(r, a)
+    assert any(not r.flags.c_contiguous for r in relaid if r is not None)  # (an axis of 1 relays nothing)
+    want = _norm_outputs(reference, *contiguous, reduce_batch)
+    case = dict(x=x, dy=dy, weight=w, bias=b, mask=mask, centered=True, reduce_batch=reduce_batch)
+    bounds = {fixed: float32_bounds(case, mean, var, fixed) for fixed in (False, True)} if dtype == np.float32 else {}
+    same_bits = _norm_outputs(numba_cpu, *contiguous, reduce_batch)
+    for mod in (numba_cpu, reference):
+        got = _norm_outputs(mod, *relaid, reduce_batch)
+        for name, g in got.items():
+            what = f"{mod.__name__}: {name}"
+            if mod is numba_cpu:
+                np.testing.assert_array_equal(g, same_bits[name], err_msg=what)
+            # (y and dx to their float32 bounds, "y eval" too: given the same statistics; the rest to TOL)
+            bound = bounds[name.endswith("fixed=True")].get(name.split()[0]) if bounds else None
+            assert_close(g, want[name], dtype, what, bound)
+
+
 def test_mixed_dtypes_follow_the_reference():
     """float64 dy with float32 x: computed in float64, dx in x's dtype, like the reference."""
     rng = np.random.default_rng(5)
@@ -1045,7 +1174,33 @@ def test_wrong_arguments_raise_on_both_backends(mod):
         ),
         (lambda: mod.norm_forward(x, np.ones((3, 1)), None, EPS), ValueError, r"weight has shape \(3, 1\)"),
         # (numba's float(eps) would read the text; NumPy's var + "1e-5" raises, and PyTorch refuses it)
-        (lambda: mod.norm_forward(x, None, None, "1e-5"), TypeError, "norm_forward: eps must be a number, got '1e-5'"),
+        (
+            lambda: mod.norm_forward(x, None, None, "1e-5"),
+            TypeError,
+            "norm_forward: eps must be a real number, got '1e-5'",
+        ),
+        # (numba read eps=1j, [1e-5] and None with float(), NumPy gave a complex y for 1j; a text weight numba read as
+        # numbers, NumPy refused without naming the op; flags were read by truth value, "False" as true)
+        (lambda: mod.norm_forward(x, None, None, 1j), TypeError, "norm_forward: eps must be a real number, got 1j"),
+        (lambda: mod.norm_forward(x, None, None, np.array([EPS])), TypeError, "eps must be a real number"),
+        (lambda: mod.norm_forward(x, None, None, None), TypeError, "eps must be a real number, got None"),
+        (lambda: mod.norm_forward(x, np.full((3, 4), "2"), None, EPS), TypeError, "weight must be a floating-point"),
+        (lambda: mod.norm_forward(x, None, None, EPS, centered=[]), TypeError, "centered must be a bool, got list"),
+        (
+            lambda: mod.norm_backward(x, x, mean, rstd, None, need_affine_grads="False"),
+            TypeError,
+            "norm_backward: need_affine_grads must be a bool, got str 'False'",
+        ),
+        (lambda: mod.norm_backward(x, x, mean, rstd, None, fixed_stats=1), TypeError, "fixed_stats must be a bool"),
+        (
+            lambda: mod.norm_forward(x.tolist(), None, None, EPS),
+            TypeError,
+            "norm_forward: x must be an ndarray, got list",
+        ),
+        (lambda: mod.norm_forward(x, None, None, EPS, out=x.tolist()), TypeError, "out must be an ndarray, got list"),
+        (lambda: mod.norm_backward(x, x, mean.tolist(), rstd, None), TypeError, "mean must be an ndarray, got list"),
+        (lambda: mod.erf(np.ones(3, complex)), TypeError, "erf: x must be a floating-point array, got dtype complex"),
+        (lambda: mod.erf([0.5]), TypeError, "erf: x must be an ndarray, got list"),
         (
             lambda: mod.norm_forward(x, None, None, EPS, mask=np.ones((2, 4), bool)),
             ValueError,

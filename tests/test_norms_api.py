@@ -29,13 +29,16 @@ BAD = [
     (lambda: instance_norm(X, eps=0), ValueError, ["instance_norm", "eps"]),
     (lambda: group_norm(X, 3, eps=-1.0), ValueError, ["group_norm", "eps"]),
     (lambda: rms_norm(X, 4, eps=float("nan")), ValueError, ["rms_norm", "eps"]),
-    (lambda: layer_norm(X, 4, eps="1e-5"), TypeError, ["layer_norm", "eps must be a number", "'1e-5'"]),
-    (lambda: nn.GroupNorm(1, 3, eps=b"1e-5"), TypeError, ["GroupNorm", "eps must be a number"]),
+    (lambda: layer_norm(X, 4, eps="1e-5"), TypeError, ["layer_norm", "eps must be a real number", "'1e-5'"]),
+    (lambda: nn.GroupNorm(1, 3, eps=b"1e-5"), TypeError, ["GroupNorm", "eps must be a real number"]),
     (lambda: layer_norm(X, (3,)), ValueError, ["layer_norm", "normalized_shape=(3,)", "(2, 3, 4)"]),
     (lambda: layer_norm(X, (2, 4)), ValueError, ["layer_norm", "normalized_shape=(2, 4)", "(2, 3, 4)"]),
     (lambda: rms_norm(X, 5), ValueError, ["rms_norm", "normalized_shape=(5,)", "(2, 3, 4)"]),
     (lambda: layer_norm(X, 4, np.ones(3)), ValueError, ["layer_norm", "weight", "(4,)", "(3,)", "(2, 3, 4)"]),
     (lambda: layer_norm(X, 4, None, np.ones((1, 4))), ValueError, ["layer_norm", "bias", "(4,)", "(1, 4)"]),
+    # (the numba backend read the text as numbers, NumPy's multiply refused it without naming the op)
+    (lambda: layer_norm(X, 4, np.array(["2"] * 4)), TypeError, ["layer_norm", "weight", "floating-point", "<U1"]),
+    (lambda: group_norm(X, 3, None, np.ones(3, int)), TypeError, ["group_norm", "bias", "floating-point", "int64"]),
     (
         lambda: batch_norm(X, None, None, np.ones(4), training=True),
         ValueError,
@@ -191,6 +194,22 @@ def test_modules_have_pytorch_parameters_and_buffers(dtype) -> None:
     assert [n for n, _ in nn.InstanceNorm3d(3, affine=True, bias=False).named_parameters()] == ["weight"]
     assert [n for n, _ in nn.GroupNorm(2, 4, bias=False).named_parameters()] == ["weight"]
     assert nn.BatchNorm1d(3, affine=False, bias=True).parameters() == []
+
+
+def test_modules_take_pytorchs_device_and_dtype_arguments() -> None:
+    """``device`` before ``dtype``, as PyTorch's factory arguments: a positional dtype landed in device, and
+    ``device="cpu"`` was a TypeError. The CPU is the one device; dtype None is float32, PyTorch's default."""
+    assert nn.LayerNorm(4, 1e-5, True, True, None, np.float64).weight.dtype == np.float64
+    assert nn.GroupNorm(2, 4, 1e-5, True, "cpu", np.float64).bias.dtype == np.float64
+    bn = nn.BatchNorm2d(3, 1e-5, 0.1, True, True, None, np.float64)
+    assert bn.weight.dtype == bn.running_var.dtype == np.float64
+    assert nn.InstanceNorm1d(3, affine=True, device="cpu").weight.dtype == np.float32
+    assert nn.RMSNorm(4, dtype=None).weight.dtype == np.float32
+    assert nn.Linear(3, 2, device="cpu", dtype=np.float64).weight.dtype == np.float64
+    assert nn.Embedding(5, 2, device="cpu").weight.dtype == np.float32
+    for make in (lambda: nn.LayerNorm(4, device="cuda"), lambda: nn.Linear(3, 2, device="cuda:0")):
+        with pytest.raises(ValueError, match="device='cuda.*the CPU only"):
+            make()
 
 
 def test_bias_false_modules_scale_without_shifting(rng) -> None:

@@ -363,14 +363,13 @@ def test_functional_signatures_are_pytorchs(name) -> None:
 
 @pytest.mark.parametrize("name", MODULES)
 def test_module_constructor_signatures_are_pytorchs(name) -> None:
-    """PyTorch's names, order, kinds (``bias`` keyword-only where it is) and defaults, without ``device``;
-    our ``dtype`` defaults to float32 (PyTorch's default dtype) rather than None."""
+    """PyTorch's names, order, kinds (``bias`` keyword-only where it is) and defaults, ``device`` and ``dtype``
+    included, so that a call by position (``LayerNorm(8, 1e-5, True, True, None, np.float64)``) carries over."""
     ours = inspect.signature(getattr(nn, name).__init__).parameters
-    theirs = {k: p for k, p in inspect.signature(getattr(torch.nn, name).__init__).parameters.items() if k != "device"}
+    theirs = inspect.signature(getattr(torch.nn, name).__init__).parameters
     assert list(ours) == list(theirs)
     for n, p in theirs.items():
-        assert ours[n].kind == p.kind, n
-        assert n == "dtype" or ours[n].default == p.default, n
+        assert (ours[n].kind, ours[n].default) == (p.kind, p.default), n
 
 
 def test_functionals_take_pytorchs_keywords(rng) -> None:

@@ -2528,8 +2528,8 @@ def norm_forward(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Same contract as ``reference.norm_forward``."""
     reference.check_args(
-        "norm_forward", x, reduce_batch=reduce_batch, weight=weight, bias=bias, mask=mask, stats=stats, out=out,
-        result_dtype=x.dtype, eps=eps,
+        "norm_forward", x, reduce_batch=reduce_batch, flags={"centered": centered}, weight=weight, bias=bias,
+        mask=mask, stats=stats, out=out, eps=eps,
     )  # fmt: skip
     if not _for_kernels(x, weight, bias, *(stats or ())) or (stats is not None and not _mean_fits(x.dtype, stats[0])):
         return reference.norm_forward(
@@ -2592,8 +2592,9 @@ def norm_backward(
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Same contract as ``reference.norm_backward``."""
     reference.check_args(
-        "norm_backward", x, reduce_batch=reduce_batch, weight=weight, mask=mask, stats=(mean, rstd), dy=dy, out=out,
-        result_dtype=x.dtype,
+        "norm_backward", x, reduce_batch=reduce_batch,
+        flags={"centered": centered, "fixed_stats": fixed_stats, "need_affine_grads": need_affine_grads},
+        weight=weight, mask=mask, stats=(mean, rstd), dy=dy, out=out,
     )  # fmt: skip
     common = np.result_type(x.dtype, dy.dtype)
     if common not in _KERNEL_DTYPES or not _for_kernels(x, dy, mean, rstd, weight) or not _mean_fits(common, mean):
@@ -2682,6 +2683,7 @@ def _backward_by_groups(
 
 def erf(x: np.ndarray) -> np.ndarray:
     """The error function, elementwise, in x's dtype (the reference's, to 1 ULP)."""
+    reference.check_numeric("erf", "x", x, kinds="f")
     if not _for_kernels(x):
         return reference.erf(x)
     flat = np.ascontiguousarray(x).reshape(-1)

@@ -37,6 +37,7 @@ method) in complex128. Everything is written with analytic operations
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,7 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 def erf(x: np.ndarray) -> np.ndarray:
     """The error function, elementwise, in x's dtype (a floating-point one)."""
-    _check_numeric("erf", "x", x)
+    check_numeric("erf", "x", x, kinds="f")
     return _erf(x).astype(x.dtype, copy=False)
 
 
@@ -59,16 +60,21 @@ def _check_shape(op: str, name: str, a: np.ndarray, shape: tuple[int, ...]) -> N
         raise ValueError(f"{op}: {name} has shape {np.shape(a)}, expected {shape}")
 
 
-def _check_numeric(op: str, name: str, a: np.ndarray) -> None:
-    if np.asarray(a).dtype.kind not in "fc":
-        raise TypeError(f"{op}: {name} must be a floating-point array, got dtype {np.asarray(a).dtype}")
+def check_numeric(op: str, name: str, a: np.ndarray, kinds: str = "fc") -> None:
+    """``a`` is an ndarray (or a NumPy scalar: an op on a 0-d array gives one) of one of the dtype ``kinds``
+    (float, or complex: the complex step's data)."""
+    if not isinstance(a, np.ndarray | np.generic):
+        raise TypeError(f"{op}: {name} must be an ndarray, got {type(a).__name__}")
+    if a.dtype.kind not in kinds:
+        raise TypeError(f"{op}: {name} must be a floating-point array, got dtype {a.dtype}")
 
 
 def check_eps_type(op: str, eps: Any) -> None:
-    """eps is not text: ``float("1e-5")`` reads it, and numba's ``float(eps)`` would, where NumPy's
-    ``var + "1e-5"`` and PyTorch refuse it."""
-    if isinstance(eps, str | bytes):
-        raise TypeError(f"{op}: eps must be a number, got {eps!r}")
+    """eps is a real number: not text, which ``float("1e-5")`` reads (and numba's ``float(eps)`` would)
+    where NumPy's ``var + "1e-5"`` and PyTorch refuse it, nor a complex number, an array or None, on which
+    the backends would fail in different ways or give a complex output."""
+    if not isinstance(eps, numbers.Real):
+        raise TypeError(f"{op}: eps must be a real number, got {eps!r}")
 
 
 def check_args(
@@ -76,44 +82,51 @@ def check_args(
     x: np.ndarray,
     *,
     reduce_batch: bool,
+    flags: dict[str, Any],
     weight: np.ndarray | None = None,
     bias: np.ndarray | None = None,
     mask: np.ndarray | None = None,
     stats: tuple[np.ndarray, np.ndarray] | None = None,
     dy: np.ndarray | None = None,
     out: np.ndarray | None = None,
-    result_dtype: np.dtype | None = None,
-    eps: Any = None,
+    eps: Any = 0.0,
 ) -> None:
-    """What ``norm_forward``/``norm_backward`` require of their arguments, for both backends: x a float
-    (or complex) array of shape (N, G, K, S); dy of x's shape; weight and bias (G, K); the statistics
-    (N, G), or (G,) with ``reduce_batch``; a boolean mask (N, S); and ``out`` of x's shape, writable, of
-    a dtype the result (``result_dtype``) casts to within its kind. Nothing is broadcast: a wrong shape
-    raises ``ValueError`` naming the argument, never a silently different result. eps is a number
-    (``check_eps_type``)."""
+    """What ``norm_forward``/``norm_backward`` require of their arguments, for both backends: ndarrays, x a
+    float (or complex) one of shape (N, G, K, S); dy of x's shape; weight and bias (G, K) float; the statistics
+    (N, G), or (G,) with ``reduce_batch``; a boolean mask (N, S); ``out`` of x's shape, writable, of a dtype x's
+    casts to within its kind; ``reduce_batch`` and the other ``flags`` bools; eps a real number
+    (``check_eps_type``). Nothing is broadcast: a wrong shape raises ``ValueError`` naming the argument, never a
+    silently different result; a wrong type raises ``TypeError``, never a result read by truth value."""
     check_eps_type(op, eps)
-    if np.ndim(x) != 4:
-        raise ValueError(f"{op}: x must be 4-D (N, G, K, S), got shape {np.shape(x)}")
-    _check_numeric(op, "x", x)
+    for name, value in {"reduce_batch": reduce_batch, **flags}.items():
+        if not isinstance(value, bool | np.bool_):
+            raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__} {value!r}")
+    check_numeric(op, "x", x)
+    if x.ndim != 4:
+        raise ValueError(f"{op}: x must be 4-D (N, G, K, S), got shape {x.shape}")
     N, G, K, S = x.shape
     if dy is not None:
-        _check_numeric(op, "dy", dy)
+        check_numeric(op, "dy", dy)
         _check_shape(op, "dy", dy, x.shape)
     for name, a in (("weight", weight), ("bias", bias)):
         if a is not None:
+            check_numeric(op, name, a)
             _check_shape(op, name, a, (G, K))
     for name, a in zip(("mean", "var") if op == "norm_forward" else ("mean", "rstd"), stats or ()):
+        check_numeric(op, name, a)
         _check_shape(op, name, a, (G,) if reduce_batch else (N, G))
     if mask is not None:
-        if np.asarray(mask).dtype != np.bool_:
-            raise TypeError(f"{op}: mask must be a boolean array, got dtype {np.asarray(mask).dtype}")
+        if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
+            raise TypeError(f"{op}: mask must be a boolean array, got {getattr(mask, 'dtype', type(mask).__name__)}")
         _check_shape(op, "mask", mask, (N, S))
     if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"{op}: out must be an ndarray, got {type(out).__name__}")
         _check_shape(op, "out", out, x.shape)
         if not out.flags.writeable:
             raise ValueError(f"{op}: out is read-only")
-        if result_dtype is not None and not np.can_cast(result_dtype, out.dtype, "same_kind"):
-            raise TypeError(f"{op}: out has dtype {out.dtype}, which the {result_dtype} result cannot be cast to")
+        if not np.can_cast(x.dtype, out.dtype, "same_kind"):
+            raise TypeError(f"{op}: out has dtype {out.dtype}, which the {x.dtype} result cannot be cast to")
 
 
 # ---------------------------------------------------------------------------
@@ -163,8 +176,8 @@ def norm_forward(
     returned unchanged. Arguments as ``check_args`` says.
     """
     check_args(
-        "norm_forward", x, reduce_batch=reduce_batch, weight=weight, bias=bias, mask=mask, stats=stats, out=out,
-        result_dtype=x.dtype, eps=eps,
+        "norm_forward", x, reduce_batch=reduce_batch, flags={"centered": centered}, weight=weight, bias=bias,
+        mask=mask, stats=stats, out=out, eps=eps,
     )  # fmt: skip
     acc = np.result_type(x.dtype, np.float64, *(np.asarray(s).dtype for s in stats or ()))
     axes = _stat_axes(reduce_batch)
@@ -217,8 +230,9 @@ def norm_backward(
     ``check_args`` says; ``out`` may be ``dy`` or ``x`` itself.
     """
     check_args(
-        "norm_backward", x, reduce_batch=reduce_batch, weight=weight, mask=mask, stats=(mean, rstd), dy=dy,
-        out=out, result_dtype=x.dtype,
+        "norm_backward", x, reduce_batch=reduce_batch,
+        flags={"centered": centered, "fixed_stats": fixed_stats, "need_affine_grads": need_affine_grads},
+        weight=weight, mask=mask, stats=(mean, rstd), dy=dy, out=out,
     )  # fmt: skip
     acc = np.result_type(x.dtype, dy.dtype, np.float64)
     axes = _stat_axes(reduce_batch)

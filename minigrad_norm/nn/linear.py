@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from minigrad_norm.functional import embedding, linear
-from minigrad_norm.nn.module import Module, Parameter
+from minigrad_norm.nn.module import Module, Parameter, factory_dtype
 from minigrad_norm.tensor import Tensor
 
 
@@ -43,10 +43,12 @@ class Linear(Module):
         out_features: int,
         bias: bool = True,
         *,
-        dtype: Any = np.float32,
+        device: Any = None,
+        dtype: Any = None,
         rng: np.random.Generator | None = None,
     ) -> None:
         super().__init__()
+        dtype = factory_dtype("Linear", device, dtype)
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"Linear: features must be positive, got in={in_features}, out={out_features}")
         rng = np.random.default_rng() if rng is None else rng
@@ -70,10 +72,12 @@ class Embedding(Module):
         num_embeddings: int,
         embedding_dim: int,
         *,
-        dtype: Any = np.float32,
+        device: Any = None,
+        dtype: Any = None,
         rng: np.random.Generator | None = None,
     ) -> None:
         super().__init__()
+        dtype = factory_dtype("Embedding", device, dtype)
         if num_embeddings <= 0 or embedding_dim <= 0:
             raise ValueError(f"Embedding: sizes must be positive, got ({num_embeddings}, {embedding_dim})")
         rng = np.random.default_rng() if rng is None else rng

@@ -24,6 +24,15 @@ import numpy as np
 from minigrad_norm.tensor import Tensor
 
 
+def factory_dtype(op: str, device: Any, dtype: Any) -> np.dtype:
+    """The dtype of a module's parameters and buffers from PyTorch's factory arguments: ``device`` None or
+    "cpu" (or ``torch.device("cpu")``, by its str), the one device here, and ``dtype`` None for float32,
+    PyTorch's default."""
+    if device is not None and str(device) != "cpu":
+        raise ValueError(f"{op}: device={device!r}: minigrad_norm computes on the CPU only (device=None or 'cpu')")
+    return np.dtype(np.float32 if dtype is None else dtype)
+
+
 class Parameter(Tensor):
     """A Tensor that a Module owns as a parameter: listed by ``parameters()`` and kept in the
     state dict whether or not it currently requires grad. Trainable by default."""

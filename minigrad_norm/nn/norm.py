@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.nn.module import Module, Parameter
+from minigrad_norm.nn.module import Module, Parameter, factory_dtype
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from minigrad_norm.norms._function import (
     check_eps,
@@ -47,9 +47,11 @@ class LayerNorm(Module):
         eps: float = 1e-5,
         elementwise_affine: bool = True,
         bias: bool = True,
-        dtype: Any = np.float32,
+        device: Any = None,
+        dtype: Any = None,
     ) -> None:
         super().__init__()
+        dtype = factory_dtype("LayerNorm", device, dtype)
         self.normalized_shape = check_normalized_shape("LayerNorm", normalized_shape)
         self.eps = check_eps("LayerNorm", eps)
         self.elementwise_affine = check_flag("LayerNorm", "elementwise_affine", elementwise_affine)
@@ -75,9 +77,11 @@ class RMSNorm(Module):
         normalized_shape: int | Sequence[int],
         eps: float | None = None,
         elementwise_affine: bool = True,
-        dtype: Any = np.float32,
+        device: Any = None,
+        dtype: Any = None,
     ) -> None:
         super().__init__()
+        dtype = factory_dtype("RMSNorm", device, dtype)
         self.normalized_shape = check_normalized_shape("RMSNorm", normalized_shape)
         self.eps = None if eps is None else check_eps("RMSNorm", eps)
         self.elementwise_affine = check_flag("RMSNorm", "elementwise_affine", elementwise_affine)
@@ -107,12 +111,14 @@ class _NormBase(Module):
         momentum: float | None = 0.1,
         affine: bool = True,
         track_running_stats: bool = True,
-        dtype: Any = np.float32,
+        device: Any = None,
+        dtype: Any = None,
         *,
         bias: bool = True,
     ) -> None:
         super().__init__()
         op = self.name
+        dtype = factory_dtype(op, device, dtype)
         self.num_features = check_int(op, "num_features", num_features, minimum=0)
         self.eps = check_eps(op, eps)
         self.momentum = check_momentum(op, momentum)
@@ -210,12 +216,13 @@ class _InstanceNorm(_NormBase):
         momentum: float | None = 0.1,
         affine: bool = False,
         track_running_stats: bool = False,
-        dtype: Any = np.float32,
+        device: Any = None,
+        dtype: Any = None,
         *,
         bias: bool = True,
     ) -> None:
         # PyTorch's InstanceNorm defaults differ from BatchNorm's: no affine, no running statistics
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype, bias=bias)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
 
     def forward(self, x: Any, mask: np.ndarray | None = None) -> Tensor:
         """An unbatched input (C, *) is normalized as a batch of one, as PyTorch does."""
@@ -278,11 +285,13 @@ class GroupNorm(Module):
         num_channels: int,
         eps: float = 1e-5,
         affine: bool = True,
-        dtype: Any = np.float32,
+        device: Any = None,
+        dtype: Any = None,
         *,
         bias: bool = True,
     ) -> None:
         super().__init__()
+        dtype = factory_dtype("GroupNorm", device, dtype)
         # refused here, where PyTorch's constructor takes GroupNorm(2.0, 6) and its forward refuses it
         self.num_groups = check_int("GroupNorm", "num_groups", num_groups)
         self.num_channels = check_int("GroupNorm", "num_channels", num_channels, minimum=0)

@@ -194,13 +194,10 @@ def as_float_tensor(op: str, x: Any) -> Tensor:
 
 
 def check_eps(op: str, eps: Any, *, allow_zero: bool = False) -> float:
-    """eps must be a finite number > 0 (>= 0 where ``allow_zero``: the mathematical eps = 0 case); not text,
-    which ``float`` would read ("1e-5") and PyTorch refuses (``check_eps_type``)."""
+    """eps must be a finite real number > 0 (>= 0 where ``allow_zero``: the mathematical eps = 0 case); not
+    text, which ``float`` would read ("1e-5") and PyTorch refuses (``check_eps_type``)."""
     check_eps_type(op, eps)
-    try:
-        value = float(eps)
-    except (TypeError, ValueError):
-        raise TypeError(f"{op}: eps must be a number, got {eps!r}") from None
+    value = float(eps)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{op}: eps must be a finite number {bound}, got {eps!r}")
@@ -273,12 +270,15 @@ def check_normalized_shape(op: str, normalized_shape: Any) -> tuple[int, ...]:
 
 
 def check_affine(op: str, name: str, value: Any, shape: tuple[int, ...], x_shape: tuple[int, ...]) -> Any:
-    """``weight``/``bias`` must be None or have exactly ``shape``; returned unchanged (Tensor or array)."""
+    """``weight``/``bias`` must be None or a float array of exactly ``shape``; returned unchanged (Tensor or
+    array). (A text weight was read as numbers by one backend and refused by NumPy on the other.)"""
     if value is None:
         return None
-    got = np.shape(value.data if isinstance(value, Tensor) else value)
-    if got != shape:
-        raise ValueError(f"{op}: {name} must have shape {shape} for an input of shape {x_shape}, got {got}")
+    data = np.asarray(value.data if isinstance(value, Tensor) else value)
+    if data.dtype.kind not in "fc":
+        raise TypeError(f"{op}: {name} must be a floating-point array, got dtype {data.dtype}")
+    if data.shape != shape:
+        raise ValueError(f"{op}: {name} must have shape {shape} for an input of shape {x_shape}, got {data.shape}")
     return value
 
 
