@@ -803,25 +803,38 @@ def _plain_percent(row: Row) -> float | None:
 
 
 def format_table(report: Report, markdown: bool = False) -> str:
-    """The results as a table: times, GB/s and fraction of STREAM for numba, and ratios."""
-    head = ["norm", "shape", "dtype", "dir"] + [f"{i} ms" for i in IMPLS]
-    head += ["out= IQR %", "copy GB/s", "out= GB/s", "% copy", "% triad", "% plain x", "x numpy", "x torch"]
-    lines = []
-    for r in report.rows + report.sweep:
-        lines.append(
-            [r.norm, "x".join(map(str, r.shape)), r.dtype, r.direction]
-            + [_f(r.ms.get(i), ".3g") for i in IMPLS]
-            + [
-                _f(r.spread("numba out="), ".0f"),
-                _f(r.stream["copy"], ".1f"),
-                _f(r.gbps("numba out="), ".1f"),
-                _f(_percent(r, "numba out=", "copy"), ".0f"),
-                _f(_percent(r, "numba out=", "triad"), ".0f"),
-                _f(_plain_percent(r), ".0f"),
-                _f(_ratio(r.ms.get("numpy"), r.ms.get("numba out=")), ".1f"),
-                _f(_ratio(r.ms.get("torch"), r.ms.get("numba")), ".1f"),
-            ]
-        )
+    """The results as two tables of the same rows, each narrow enough for a terminal: the median times of every
+    implementation (ms) and the spread of numba out='s; then numba out='s GB/s, its fraction of STREAM and of the
+    plain kernels, and the ratios."""
+    rows = report.rows + report.sweep
+    key = [[r.norm, "x".join(map(str, r.shape)), r.dtype, r.direction] for r in rows]
+    times = [[_f(r.ms.get(i), ".3g") for i in IMPLS] + [_f(r.spread("numba out="), ".0f")] for r in rows]
+    rates = [
+        [
+            _f(r.stream["copy"], ".1f"),
+            _f(r.gbps("numba out="), ".1f"),
+            _f(_percent(r, "numba out=", "copy"), ".0f"),
+            _f(_percent(r, "numba out=", "triad"), ".0f"),
+            _f(_plain_percent(r), ".0f"),
+            _f(_ratio(r.ms.get("numpy"), r.ms.get("numba out=")), ".1f"),
+            _f(_ratio(r.ms.get("torch"), r.ms.get("numba")), ".1f"),
+        ]
+        for r in rows
+    ]
+    head = ["norm", "shape", "dtype", "dir"]
+    rates_head = ["copy GB/s", "out= GB/s", "% copy", "% triad", "% plain x", "x numpy", "x torch"]
+    return "\n\n".join(
+        [
+            "Median ms per call:",
+            _table(head + list(IMPLS) + ["out= IQR %"], [k + t for k, t in zip(key, times)], markdown),
+            "numba out='s rate, and the ratios:",
+            _table(head + rates_head, [k + r for k, r in zip(key, rates)], markdown),
+        ]
+    )
+
+
+def _table(head: list[str], lines: list[list[str]], markdown: bool) -> str:
+    """``lines`` under ``head``, right-aligned columns, as text or as a markdown table."""
     widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)]
     sep = " | " if markdown else "  "
     fmt_line = (
@@ -992,9 +1005,9 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "Columns: median ms per call (numpy = reference; '1t' = one thread; numba = allocating outputs "
         "(from the buffer pool, minigrad_norm.kernels.buffers), 'out=' = preallocated (64-byte aligned); "
         "torch = PyTorch CPU eager, allocating). 'out= GB/s' counts the minimal bytes "
-        "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|), and 'out= IQR %' the spread of its calls' times (the interquartile "
-        "range over the median: how far one run's figures can be trusted; every implementation's quartiles are in "
-        "the JSON); '% copy'/'% triad' compare it with STREAM copy/triad on all "
+        "(fwd 2|x|, bwd 3|x|, fwd+bwd 5|x|), and 'out= IQR %' (in the first table) the spread of its calls' "
+        "times (the interquartile range over the median: how far one run's figures can be trusted; every "
+        "implementation's quartiles are in the JSON); '% copy'/'% triad' compare it with STREAM copy/triad on all "
         "threads ('copy GB/s'), timed in the same rounds as the implementations: round-robin, "
         f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own (numpy: 1); "
         "'% plain x' is the time of plain kernels moving the same bytes, timed in the same rounds ('copy x' "

@@ -929,6 +929,18 @@ def test_bench_compares_each_direction_with_plain_kernels_of_the_same_bytes():
     assert "% plain x" in table and " 125 " in table
 
 
+def test_bench_tables_fit_a_terminal():
+    """The one table of every column was 219 characters wide; the two tables of the same rows fit 130, with the
+    longest norm name and shape, and the widest times of the listed shapes (three digits, or 0.xyz) everywhere."""
+    ms = {impl: 0.123 for impl in bench.IMPLS}
+    row = bench.Row(
+        max(bench.NORMS, key=len), (32, 64, 56, 56), "float64", "fwd+bwd", 10**9, ms, {"copy": 99.9, "triad": 99.9}
+    )
+    text = bench.format_table(bench.Report({}, {}, [row], [], {}, False))
+    assert max(len(line) for line in text.splitlines()) <= 130
+    assert text.count(row.norm) == 2 and "0.123" in text and "% plain x" in text
+
+
 def test_bench_plot_draws_each_sizes_yardsticks_from_its_own_rounds(tmp_path):
     """The sweep plot's lines (made-up times, in ms): the plain kernels' line is copy x + triad x of each size, in
     ms and in GB/s of the row's bytes; STREAM's triad is each row's own; an implementation missing at one size
