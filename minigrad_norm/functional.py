@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from minigrad_norm.backend import kernels_for
+from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm  # noqa: F401 (re-exported)
+from minigrad_norm.norms._function import array_of
 from minigrad_norm.ops import as_tensor, normalize_axis, reduction_axis, require_real
 from minigrad_norm.tensor import Context, Function, Tensor
 
@@ -330,10 +332,7 @@ def cross_entropy(
     positional parameters are its deprecated ``size_average`` and ``reduce``, which a call by position would
     have filled."""
     target = np.asarray(target.data if isinstance(target, Tensor) else target)
-    weight = None if weight is None else np.asarray(weight.data if isinstance(weight, Tensor) else weight)
+    weight = array_of(weight)
     return CrossEntropy.apply(
         input, target, weight=weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
     )
-
-
-from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm  # noqa: E402,F401

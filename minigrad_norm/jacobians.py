@@ -15,7 +15,8 @@ rstd = 1 / sqrt(var + eps) and normalized values xhat:
 The groups: a row of normalized_shape (layer_norm, rms_norm), a (sample,
 group) (group_norm), a (sample, channel) (instance_norm), a channel across the
 batch (batch_norm). Each function is defined, with its derivation, next to
-its norm in ``minigrad_norm.norms``.
+its norm in ``minigrad_norm.norms``; all of them compute the matrices with one
+function, ``minigrad_norm.norms._function.group_jacobians``.
 """
 
 from minigrad_norm.norms.batch_norm import batch_norm_jacobian as batch_norm

@@ -26,8 +26,14 @@ a group, mean_g(.) the mean over the group, and dxhat = dy * weight:
 
     centered:      dx = rstd * (dxhat - mean_g(dxhat) - xhat * mean_g(dxhat * xhat))
     not centered:  dx = rstd * (dxhat - xhat * mean_g(dxhat * xhat))
-    fixed stats:   dx = rstd * dxhat            (eval-mode BatchNorm: mean, var are constants)
+    fixed stats:   dx = rstd * dxhat            (mean, var are constants: eval-mode BatchNorm,
+                                                 InstanceNorm with use_input_stats=False)
     dweight[g, k] = sum over (n, s) of dy * xhat,   dbias[g, k] = sum over (n, s) of dy
+
+Names in docs/derivations.md = names here: mu = mean, gamma = weight, beta = bias,
+g = dy (dya in the accumulation dtype), m = the group's size (count under a mask),
+ms (RMSNorm) = var, B/m = mean_g(dxhat * xhat) = proj, A/m = mean_g(dxhat) (no name:
+the last term of dx); var, rstd, xhat and dxhat are the same.
 
 Float32 data is accumulated in float64 here; complex data (the complex-step
 method) in complex128. Everything is written with analytic operations
@@ -172,7 +178,8 @@ def norm_forward(
     with ``reduce_batch``, in the accumulation dtype (float64, or complex128).
     ``var`` is the biased variance (the mean square when not ``centered``;
     then ``mean`` is 0). With ``stats=(mean, var)`` the
-    given statistics are used instead of computed (eval-mode BatchNorm) and
+    given statistics are used instead of computed (eval-mode BatchNorm,
+    InstanceNorm with ``use_input_stats=False``) and
     returned unchanged. Arguments as ``check_args`` says.
     """
     check_args(
@@ -242,6 +249,8 @@ def norm_backward(
     dya = dy.astype(acc, copy=False)
     if m4 is not None:
         dya = np.where(m4, dya, 0)
+    # the mean the forward subtracted: Normalize saves mean = 0 when not centered, but a direct call may pass
+    # any mean with centered=False, which the forward never subtracted (unless it was given: fixed_stats)
     xhat = (x.astype(acc, copy=False) - (mean4 if centered or fixed_stats else 0)) * rstd4
     if m4 is not None:  # masked-out values (even NaN) must reach no sum
         xhat = np.where(m4, xhat, 0)
@@ -251,7 +260,9 @@ def norm_backward(
         dx = dxhat * rstd4
     else:
         count = _count(x, m4, axes)
-        proj = _group_mean(dxhat * xhat, axes, m4, count)
+        proj = _group_mean(dxhat * xhat, axes, m4, count)  # B/m of docs/derivations.md
+        # the xhat term first and the mean term last: the mean term is the optional one (RMSNorm has none),
+        # and numba's float32 error bound is stated against this order of operations
         dx = dxhat - xhat * proj
         if centered:
             dx = dx - _group_mean(dxhat, axes, m4, count)

@@ -14,20 +14,13 @@ where "the group" is ``(K, S)`` for each ``(n, g)`` (per-sample norms) or
 only arranges its axes into that view and states its own math; the forward and
 backward below are the single place the graph node is defined:
 
-    forward:  x -> view -> core forward -> y;     saved: x4, mean, rstd, weight
-    backward: dy -> core backward(dy, x4, mean, rstd, weight) -> dx, dweight, dbias
+    forward:  x -> view x4 -> norm_forward(x4, weight, bias) -> y;    saved: see ``Normalize``
+    backward: dy -> norm_backward(dy, x4, mean, rstd, weight) -> dx, dweight, dbias
 
-The backward (derived in docs/derivations.md), with m the group size and
-mean_g(.) the mean over a group, dxhat = dy * weight:
-
-    dx      = rstd * (dxhat - mean_g(dxhat) - xhat * mean_g(dxhat * xhat))   (centered)
-    dx      = rstd * (dxhat - xhat * mean_g(dxhat * xhat))                    (RMS)
-    dx      = rstd * dxhat                                                    (fixed statistics)
-    dweight = sum over the positions sharing a weight of dy * xhat
-    dbias   = sum over the same positions of dy
-
-xhat is recomputed from (x, mean, rstd) rather than saved: one array saved
-instead of two, at the price of one fused multiply-subtract in the backward.
+``norm_forward`` and ``norm_backward`` are the kernels' functions, picked by
+``kernels_for`` (``minigrad_norm/backend.py``). Their formulas are read in
+``minigrad_norm/kernels/reference.py``, whose module docstring states the backward
+(derived in docs/derivations.md); the numba backend computes the same.
 
 An empty input (N = 0, or any other zero-size dim) has no statistic to compute.
 As in PyTorch, it gives an empty output, leaves the running buffers alone, and
@@ -89,10 +82,27 @@ class Normalize(Function):
     * ``reduce_batch``: statistics per ``g`` over ``(N, K, S)`` (BatchNorm);
       statistics then have shape (G,), else (N, G);
     * ``mask``: bool (N, S), the valid positions;
-    * ``stats``: given ``(mean, var)`` of shape (G,) used as constants
-      (eval-mode BatchNorm, InstanceNorm without input statistics); the
-      core then sees them as per-channel statistics (``reduce_batch``);
+    * ``stats``: given ``(mean, var)`` used as constants, of the statistics'
+      shape (eval-mode BatchNorm and InstanceNorm without input statistics
+      pass their (C,) running buffers, with ``reduce_batch``);
     * ``running``: ``RunningStats`` to update from the batch statistics.
+
+    What the backward reads:
+
+    * ``ctx.saved_tensors = (x4, mean, rstd, w2)``: x as the view, the
+      statistics (mean 0 when not centered), rstd = 1 / sqrt(var + eps), and
+      the weight as (G, K) or None (all but x4 None for an empty input);
+    * ``ctx.options``: ``centered``, ``reduce_batch``, ``mask``, passed on to
+      ``norm_backward`` as the forward used them;
+    * ``ctx.fixed_stats``: ``stats`` were given, so the backward has no mean terms;
+    * ``ctx.inputs`` and ``ctx.needs_input_grad`` (set by the engine): x,
+      weight and bias, whose shapes and dtypes the gradients are given back
+      in, and which of them want one.
+
+    x is saved, not xhat (the backward recomputes xhat = (x - mean) * rstd):
+    x4 is a view of the input, which ``ctx.inputs`` keeps alive anyway, so
+    saving it costs no memory, where xhat would be one more activation-sized
+    array. (A non-contiguous input is copied once into x4, which the kernels need.)
     """
 
     @staticmethod
@@ -110,10 +120,10 @@ class Normalize(Function):
         stats: tuple[np.ndarray, np.ndarray] | None = None,
         running: RunningStats | None = None,
     ) -> np.ndarray:
-        # given statistics: per channel, shape (G,); copied, so that a later update of the buffers cannot reach
-        # the backward, which stays the derivative of what this forward computed (docs/derivations.md §6)
+        # given statistics are copied, so that a later update of the buffers cannot reach the backward, which
+        # stays the derivative of what this forward computed (docs/derivations.md §6)
         if stats is not None:
-            reduce_batch, stats = True, (np.array(stats[0], copy=True), np.array(stats[1], copy=True))
+            stats = (np.array(stats[0], copy=True), np.array(stats[1], copy=True))
         x4 = np.ascontiguousarray(x).reshape(view)
         if x4.size == 0:  # nothing to normalize: no statistic, no kernel, no buffer update (module docstring)
             ctx.save_for_backward(x4, None, None, None)
@@ -121,6 +131,7 @@ class Normalize(Function):
         affine_shape = view[1:3]
         w2 = None if weight is None else np.ascontiguousarray(weight).reshape(affine_shape)
         b2 = None if bias is None else np.ascontiguousarray(bias).reshape(affine_shape)
+        # the formula: kernels/reference.py norm_forward (the numba backend computes the same; see backend.py)
         y, mean, var = kernels_for(x4, w2, b2).norm_forward(
             x4, w2, b2, eps, centered=centered, reduce_batch=reduce_batch, mask=mask, stats=stats
         )
@@ -128,7 +139,6 @@ class Normalize(Function):
             running.update(mean, var, group_count(view, reduce_batch, mask))
         rstd = 1.0 / np.sqrt(var + eps)
         ctx.save_for_backward(x4, mean, rstd, w2)
-        ctx.x_shape, ctx.affine_shapes = x.shape, (np.shape(weight), np.shape(bias))
         ctx.options = {"centered": centered, "reduce_batch": reduce_batch, "mask": mask}
         ctx.fixed_stats = stats is not None
         return y.reshape(x.shape)
@@ -138,22 +148,23 @@ class Normalize(Function):
         x4, mean, rstd, w2 = ctx.saved_tensors
         if x4.size == 0:
             return empty_input_gradients(ctx)
+        x, weight, bias = ctx.inputs
         need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         if w2 is None and need_b:  # bias without weight: dbias is the core's dbias with weight = 1
-            w2 = np.ones(x4.shape[1:3], dtype=ctx.inputs[2].dtype)
-        elif need_b and ctx.inputs[2].dtype != w2.dtype:
+            w2 = np.ones(x4.shape[1:3], dtype=bias.dtype)
+        elif need_b and bias.dtype != w2.dtype:
             # the kernels return dbias in the weight's dtype: widened (exactly), a float32 weight does not
             # round a float64 bias's gradient to float32
-            w2 = w2.astype(np.result_type(w2.dtype, ctx.inputs[2].dtype))
+            w2 = w2.astype(np.result_type(w2.dtype, bias.dtype))
         dy4 = np.ascontiguousarray(dy).reshape(x4.shape)
+        # the formula: kernels/reference.py norm_backward (the numba backend computes the same; see backend.py)
         dx, dw, db = kernels_for(x4, dy4, w2).norm_backward(
             dy4, x4, mean, rstd, w2, fixed_stats=ctx.fixed_stats, need_affine_grads=need_w or need_b, **ctx.options
         )
-        w_shape, b_shape = ctx.affine_shapes
         return (
-            dx.reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None,
-            dw.reshape(w_shape).astype(ctx.inputs[1].dtype, copy=False) if need_w else None,
-            db.reshape(b_shape).astype(ctx.inputs[2].dtype, copy=False) if need_b else None,
+            dx.reshape(x.shape) if ctx.needs_input_grad[0] else None,
+            dw.reshape(weight.shape).astype(weight.dtype, copy=False) if need_w else None,
+            db.reshape(bias.shape).astype(bias.dtype, copy=False) if need_b else None,
         )
 
 
@@ -274,7 +285,7 @@ def check_affine(op: str, name: str, value: Any, shape: tuple[int, ...], x_shape
     array). (A text weight was read as numbers by one backend and refused by NumPy on the other.)"""
     if value is None:
         return None
-    data = np.asarray(value.data if isinstance(value, Tensor) else value)
+    data = array_of(value)
     if data.dtype.kind not in "fc":
         raise TypeError(f"{op}: {name} must be a floating-point array, got dtype {data.dtype}")
     if data.shape != shape:
@@ -297,7 +308,7 @@ def check_mask(op: str, mask: Any, x_shape: tuple[int, ...]) -> np.ndarray | Non
     """A boolean mask of shape (N, *spatial) as a C-contiguous (N, S) array, or None."""
     if mask is None:
         return None
-    m = np.asarray(mask.data if isinstance(mask, Tensor) else mask)
+    m = array_of(mask)
     expected = x_shape[:1] + x_shape[2:]
     if m.dtype != np.bool_:
         raise TypeError(f"{op}: mask must be a boolean array of shape {expected}, got dtype {m.dtype}")
@@ -449,7 +460,11 @@ def channel_norm(
         op, x, running_mean, running_var, weight, bias, input_stats, eps, mask, reduce_batch=reduce_batch
     )
     if a.stats is not None:
-        return Normalize.apply(a.x, a.weight, a.bias, view=a.view, eps=a.eps, mask=a.mask, stats=a.stats)
+        # given statistics are the running buffers, per channel (C,), InstanceNorm's too; held constant they
+        # average over no group, so its per-(n, c) groups change nothing and they go in as BatchNorm's do
+        return Normalize.apply(
+            a.x, a.weight, a.bias, view=a.view, eps=a.eps, reduce_batch=True, mask=a.mask, stats=a.stats
+        )
     running = running_stats(op, a.running_mean, a.running_var, momentum)
     return Normalize.apply(
         a.x, a.weight, a.bias, view=a.view, eps=a.eps, reduce_batch=reduce_batch, mask=a.mask, running=running
@@ -483,7 +498,7 @@ def group_jacobians(
     """
     xg = as_groups(x4, reduce_batch).astype(np.result_type(x4.dtype, np.float64))
     n_groups, m = xg.shape
-    valid = np.ones_like(xg, dtype=bool) if mask is None else as_groups(_mask4(mask, x4.shape), reduce_batch)
+    valid = np.ones_like(xg, dtype=bool) if mask is None else as_groups(_mask_full(mask, x4.shape), reduce_batch)
     count = valid.sum(axis=1, keepdims=True)
     if stats is None:
         mean = (np.where(valid, xg, 0).sum(axis=1, keepdims=True) / count) if centered else np.zeros((n_groups, 1))
@@ -528,15 +543,14 @@ def channel_jacobians(
     a = channel_call_args(
         op, x, running_mean, running_var, weight, None, input_stats, eps, mask, reduce_batch=reduce_batch
     )
-    w = array_of(a.weight)
-    return group_jacobians(
-        a.x.data.reshape(a.view),
-        None if w is None else w.reshape(a.view[1], 1),
-        a.eps,
-        reduce_batch=reduce_batch,
-        mask=a.mask,
-        stats=a.stats,
-    )
+    return view_jacobians(a.x, a.weight, a.eps, a.view, reduce_batch=reduce_batch, mask=a.mask, stats=a.stats)
+
+
+def view_jacobians(x: Tensor, weight: Any, eps: float, view: View, **options: Any) -> np.ndarray:
+    """``group_jacobians`` of a checked input seen as ``view``, its weight (G * K elements, or None) as (G, K);
+    ``options`` as ``group_jacobians``'. The one call of every norm's ``*_jacobian``."""
+    w = array_of(weight)
+    return group_jacobians(x.data.reshape(view), None if w is None else w.reshape(view[1:3]), eps, **options)
 
 
 def as_groups(a4: np.ndarray, reduce_batch: bool) -> np.ndarray:
@@ -547,7 +561,8 @@ def as_groups(a4: np.ndarray, reduce_batch: bool) -> np.ndarray:
     return a4.reshape(n * g, k * s)
 
 
-def _mask4(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def _mask_full(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The (N, S) mask broadcast to the whole 4-D ``shape`` (N, G, K, S)."""
     return np.broadcast_to(mask.reshape(shape[0], 1, 1, shape[3]), shape)
 
 

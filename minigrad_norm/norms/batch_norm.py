@@ -6,11 +6,13 @@ each channel c the group is the m = N * S values x[:, c, ...]:
     mu_c   = 1/m * sum_{n,s} x[n, c, s]
     var_c  = 1/m * sum_{n,s} (x[n, c, s] - mu_c)^2        (biased: used to normalize)
     rstd_c = 1 / sqrt(var_c + eps)
-    y      = (x - mu_c) * rstd_c * gamma_c + beta_c
+    xhat   = (x - mu_c) * rstd_c
+    y      = xhat * gamma_c + beta_c
     running_mean = (1 - momentum) * running_mean + momentum * mu_c
     running_var  = (1 - momentum) * running_var + momentum * var_c * m / (m - 1)   (unbiased)
 
-Evaluation mode: mu_c, var_c are the running buffers, constants.
+Evaluation mode: mu_c, var_c are the running buffers, constants
+(rstd_c = 1 / sqrt(running_var_c + eps), xhat = (x - running_mean_c) * rstd_c).
 
 Saved: x, mu, rstd (one per channel) and gamma.
 

@@ -3,8 +3,10 @@
 Forward, for x of shape (N, C, *) with S = prod(spatial) and K = C / G
 channels per group; the group (n, j) is its m = K * S values:
 
-    mu_nj  = mean of x[n, jK:(j+1)K, ...],   var_nj = mean of (x - mu_nj)^2 over the same values
-    y      = (x - mu_nj) / sqrt(var_nj + eps) * gamma_c + beta_c      (gamma, beta per channel)
+    mu_nj   = mean of x[n, jK:(j+1)K, ...],   var_nj = mean of (x - mu_nj)^2 over the same values
+    rstd_nj = 1 / sqrt(var_nj + eps)
+    xhat    = (x - mu_nj) * rstd_nj
+    y       = xhat * gamma_c + beta_c          (gamma, beta per channel c, c in group j)
 
 Saved: x, mu, rstd (one per (n, j)) and gamma.
 
@@ -31,27 +33,29 @@ import numpy as np
 from minigrad_norm.norms._function import (
     Normalize,
     View,
-    array_of,
     channel_args,
     check_count,
     check_int,
-    group_jacobians,
+    view_jacobians,
 )
 from minigrad_norm.tensor import Tensor
 
 
-def group_view(op: str, shape: tuple[int, ...], num_groups: int) -> View:
-    """(N, G, C/G, S); ``num_groups`` must be an int (``check_int``) that divides C, and a group must hold
-    more than one value."""
-    n, c = shape[:2]
+def group_view(op: str, shape: tuple[int, ...], channel_view: View, num_groups: int) -> View:
+    """(N, G, C/G, S) from ``channel_args``' view (N, C, 1, S) of an input of ``shape``; ``num_groups`` must
+    be an int (``check_int``) that divides C.
+
+    As in PyTorch (its ``_verify_batch_size``), only N * C/G * S = 1 is refused: a single sample whose groups
+    are single values. Groups of one value are accepted when N > 1, and their output is the bias.
+    """
+    n, c, _, s = channel_view
     num_groups = check_int(op, "num_groups", num_groups)
     if num_groups <= 0 or c % num_groups:
         raise ValueError(
             f"{op}: num_groups={num_groups} must be positive and divide the number of channels C={c} "
             f"(input of shape {shape})"
         )
-    view = n, num_groups, c // num_groups, int(np.prod(shape[2:], dtype=np.int64))
-    # PyTorch refuses the one case where every group is a single value of a single sample (y = bias)
+    view = n, num_groups, c // num_groups, s
     check_count(op, np.array([view[0] * view[2] * view[3]]), "value per channel", shape, False)
     return view
 
@@ -64,8 +68,8 @@ def group_norm(
     eps: float = 1e-5,
 ) -> Tensor:
     """GroupNorm of an (N, C, *) input (PyTorch's ``F.group_norm``); weight and bias have shape (C,)."""
-    x, weight, bias, eps, _ = channel_args("group_norm", input, weight, bias, eps)
-    view = group_view("group_norm", x.shape, num_groups)
+    x, weight, bias, eps, channel_view = channel_args("group_norm", input, weight, bias, eps)
+    view = group_view("group_norm", x.shape, channel_view, num_groups)
     return Normalize.apply(x, weight, bias, view=view, eps=eps)
 
 
@@ -76,7 +80,6 @@ def group_norm_jacobian(x: Any, num_groups: int, weight: Any = None, eps: float 
     ``group_norm`` checks them, with the same errors.
     """
     op = "group_norm_jacobian"
-    x, weight, _, eps, _ = channel_args(op, x, weight, None, eps)
-    view = group_view(op, x.shape, num_groups)
-    w = array_of(weight)
-    return group_jacobians(x.data.reshape(view), None if w is None else w.reshape(view[1:3]), eps)
+    x, weight, _, eps, channel_view = channel_args(op, x, weight, None, eps)
+    view = group_view(op, x.shape, channel_view, num_groups)
+    return view_jacobians(x, weight, eps, view)

@@ -4,7 +4,9 @@ Forward, for x of shape (N, C, *) with S = prod(spatial); the group of
 (n, c) is its S values x[n, c, ...]:
 
     mu_nc   = 1/S * sum_s x[n, c, s],   var_nc = 1/S * sum_s (x[n, c, s] - mu_nc)^2
-    y       = (x - mu_nc) / sqrt(var_nc + eps) * gamma_c + beta_c
+    rstd_nc = 1 / sqrt(var_nc + eps)
+    xhat    = (x - mu_nc) * rstd_nc
+    y       = xhat * gamma_c + beta_c
 
 With running buffers (``track_running_stats``), training updates them with
 the batch average of the per-instance statistics (as PyTorch):
@@ -12,8 +14,11 @@ the batch average of the per-instance statistics (as PyTorch):
     running_mean = (1 - momentum) * running_mean + momentum * mean_n(mu_nc)
     running_var  = (1 - momentum) * running_var + momentum * mean_n(var_nc * S / (S - 1))
 
-and ``use_input_stats=False`` normalizes with the running buffers instead
-(constants: dL/dx = g * gamma_c * rstd_c, as eval-mode BatchNorm).
+and ``use_input_stats=False`` normalizes with the running buffers instead,
+constants, as eval-mode BatchNorm does:
+
+    rstd_c = 1 / sqrt(running_var_c + eps),   xhat = (x - running_mean_c) * rstd_c
+    dL/dx  = g * gamma_c * rstd_c
 
 Saved: x, mu, rstd (one per (n, c)) and gamma.
 
@@ -77,7 +82,8 @@ def instance_norm_jacobian(
     """The closed-form Jacobian of each (n, c) of ``instance_norm``: shape (N * C, S, S).
 
     gamma_c * rstd_nc * (I - 1/S 1 1^T - 1/S xhat xhat^T); with running
-    statistics as constants (``use_input_stats=False``) gamma_c * rstd_c * I.
+    statistics as constants (``use_input_stats=False``) gamma_c * rstd_c * I,
+    rstd_c = 1 / sqrt(running_var_c + eps). (rstd_nc and xhat as in the module docstring.)
     """
     return channel_jacobians(
         "instance_norm_jacobian",

@@ -39,12 +39,11 @@ import numpy as np
 from minigrad_norm.norms._function import (
     Normalize,
     View,
-    array_of,
     as_float_tensor,
     check_affine,
     check_eps,
     check_normalized_shape,
-    group_jacobians,
+    view_jacobians,
 )
 from minigrad_norm.tensor import Tensor
 
@@ -102,5 +101,4 @@ def layer_norm_jacobian(
     The arguments are checked as ``layer_norm`` checks them, with the same errors.
     """
     x, weight, _, eps, view = row_args("layer_norm_jacobian", x, normalized_shape, weight, None, eps)
-    w = array_of(weight)
-    return group_jacobians(x.data.reshape(view), None if w is None else w.reshape(view[1:3]), eps)
+    return view_jacobians(x, weight, eps, view)

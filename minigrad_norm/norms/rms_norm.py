@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.norms._function import Normalize, array_of, as_float_tensor, group_jacobians
+from minigrad_norm.norms._function import Normalize, as_float_tensor, view_jacobians
 from minigrad_norm.norms.layer_norm import row_args
 from minigrad_norm.tensor import Tensor
 
@@ -71,5 +71,4 @@ def rms_norm_jacobian(
     op = "rms_norm_jacobian"
     x = as_float_tensor(op, x)  # (for its dtype's eps)
     x, weight, _, eps, view = row_args(op, x, normalized_shape, weight, None, _default_eps(eps, x.dtype))
-    w = array_of(weight)
-    return group_jacobians(x.data.reshape(view), None if w is None else w.reshape(view[1:3]), eps, centered=False)
+    return view_jacobians(x, weight, eps, view, centered=False)
