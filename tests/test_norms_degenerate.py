@@ -6,7 +6,8 @@ dweight and dbias there, on both backends, with shapes that reach each family of
 columns (BatchNorm1d), blocks (BatchNorm2d, InstanceNorm, GroupNorm), masked blocks. An audit planted
 such mutants (a BatchNorm rstd that took var < eps for 0, a groups forward that did the same, a dropped
 mean term for constant groups, an RMSNorm zero row with rstd 0, RMSNorm's one-value dx, a one-pass
-masked variance) and the rest of the suite let each of them through.
+masked variance) and the rest of the suite let each of them through. Then: a float64 input far from zero mean
+is a shift, for y and every gradient; a zero running variance in evaluation.
 """
 
 from __future__ import annotations
@@ -163,20 +164,44 @@ def test_rms_norm_of_one_value(eps, backend):
     np.testing.assert_allclose(dw, (dy * x / np.sqrt(x * x + eps)).sum(axis=0), rtol=1e-12)
 
 
+CENTERED = [(kind, shape) for kind, shape in SHAPES if kind != "rms_norm"] + MASKED
+
+
 @pytest.mark.parametrize("backend", ["numba", "numpy"])
 @pytest.mark.parametrize("offset", [1e8, 1e12])
-@pytest.mark.parametrize(("kind", "shape"), MASKED)
-def test_masked_float64_variance_far_from_zero_mean(kind, shape, offset, backend):
-    """float64 x = offset + N(0, 1) under a mask against the same call on x - offset (exact): within 10 m u offset
-    (u = 2^-53, m values a statistic), the two-pass error; a one-pass E[x^2] - mean^2 is off by about u offset^2."""
+@pytest.mark.parametrize(("kind", "shape"), CENTERED)
+def test_float64_far_from_zero_mean_is_a_shift(kind, shape, offset, backend):
+    """A centered norm does not see a shift: float64 x = offset + N(0, 1) gives what x - offset (exact) gives, y and
+    every gradient, within 2 m u offset (u = 2^-53, m = x.size, more than any statistic's count): what the mean's sum
+    of m values near the offset can be off by, in any order. A one-pass E[x^2] - mean^2 is off by about u offset^2
+    in the variance. (Measured: at most 2.5 u offset.)"""
     rng = np.random.default_rng(3)
     x = offset + rng.standard_normal(shape)
-    mask = some_mask(shape, rng)
-    w, b, dy = np.ones(shape[1]), np.zeros(shape[1]), rng.standard_normal(shape)
+    mask = some_mask(shape, rng) if (kind, shape) in MASKED else None
+    w, b, dy = params(kind, shape, rng)
     with mg.use_backend(backend):
         got, _ = norm_and_oracle(kind, x, w, b, dy, mask)
         want, _ = norm_and_oracle(kind, x - offset, w, b, dy, mask)
-    m = mask.sum() if kind == "batch_norm" else mask.sum(axis=1).max()
-    tol = 10 * m * 2.0**-53 * offset
-    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=tol)
-    np.testing.assert_allclose(got[1], want[1], rtol=0, atol=tol * max(1.0, np.abs(want[1]).max()))
+    assert_close(got, want, 2 * x.size * 2.0**-53 * offset)
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+@pytest.mark.parametrize("kind", ["batch_norm", "instance_norm"])
+def test_zero_running_variance_normalizes_by_sqrt_eps(kind, backend):
+    """Evaluation with a running_var of 0 (a channel that never varied): rstd = 1 / sqrt(eps),
+    y = (x - mean) / sqrt(eps) * w + b, dx = dy * w / sqrt(eps), dweight = sum dy * xhat, dbias = sum dy."""
+    rng = np.random.default_rng(4)
+    x, dy = rng.standard_normal((2, 3, 5)), rng.standard_normal((2, 3, 5))
+    w, b = rng.uniform(0.5, 1.5, 3), rng.standard_normal(3)
+    rm, rv = rng.standard_normal(3), np.zeros(3)
+    leaves = [Tensor(a, requires_grad=True) for a in (x, w, b)]
+    with mg.use_backend(backend):
+        if kind == "batch_norm":
+            y = batch_norm(leaves[0], rm, rv, leaves[1], leaves[2], training=False, eps=EPS)
+        else:
+            y = instance_norm(leaves[0], rm, rv, leaves[1], leaves[2], use_input_stats=False, eps=EPS)
+        got = [y.data, *grad(y, leaves, dy)]
+    xhat = (x - rm[:, None]) / math.sqrt(EPS)
+    want = [xhat * w[:, None] + b[:, None], dy * w[:, None] / math.sqrt(EPS)]
+    want += [(dy * xhat).sum(axis=(0, 2)), dy.sum(axis=(0, 2))]
+    assert_close(got, want, 1e-12)
