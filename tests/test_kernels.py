@@ -20,7 +20,8 @@ quantities on the right exact, from the reference in float64):
   (R + 8) u sum_n |dy * xhat| and (R + 2) u sum_n |dy|
 
 The inputs are drawn as offset + spread * N(0, 1) with |offset| / spread <= 1e3, so
-no test depends on cancellation deeper than these bounds allow.
+no test depends on cancellation deeper than these bounds allow; the spread from 1e-4 to 10 and
+eps 1e-5, 1e-2 or 1, so that the variance falls below eps as well as far above it.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def float32_bounds(case: dict, mean: np.ndarray, var: np.ndarray, fixed: bool) -
     N, G, K, S = x.shape
     rb = case["reduce_batch"]
     stat4 = (lambda a: a[None, :, None, None]) if rb else (lambda a: a[:, :, None, None])
-    rstd = stat4(1.0 / np.sqrt(var + EPS))
+    rstd = stat4(1.0 / np.sqrt(var + case.get("eps", EPS)))
     w = np.ones((G, K)) if case["weight"] is None else case["weight"].astype(np.float64)
     b = np.zeros((G, K)) if case["bias"] is None else case["bias"].astype(np.float64)
     w, b = w[None, :, :, None], b[None, :, :, None]
@@ -123,7 +124,7 @@ def cases(
         shape = (draw(st.integers(1, 80)), draw(st.integers(1, max_side)), 1, draw(st.integers(1, max_run)))
     N, G, K, S = shape
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    spread = 10.0 ** draw(st.integers(-2, 1))
+    spread = 10.0 ** draw(st.integers(-4, 1))  # (down to a variance of 1e-8: below eps = 1e-5)
     offset = spread * draw(st.sampled_from([0.0, 1.0, -30.0, 1e3]))
     x = (offset + spread * rng.standard_normal(shape)).astype(dtype)
     layout = draw(st.sampled_from(["contiguous", "strided", "fortran"]))
@@ -157,23 +158,24 @@ def cases(
         mask=mask,
         eval_stats=draw(st.booleans()),
         need_affine_grads=draw(st.booleans()),
+        eps=draw(st.sampled_from([EPS, 1e-2, 1.0])),
     )
 
 
 def run_both(case: dict, **extra) -> list[tuple]:
     """(numba result, reference result, name) for forward, backward and fixed-stats backward."""
-    x, w, b, dy = case["x"], case["weight"], case["bias"], case["dy"]
+    x, w, b, dy, eps = case["x"], case["weight"], case["bias"], case["dy"], case.get("eps", EPS)
     opts = dict(centered=case["centered"], reduce_batch=case["reduce_batch"], mask=case["mask"])
     fwd = {}
     for name, mod in (("numba", numba_cpu), ("reference", reference)):
-        y, mean, var = mod.norm_forward(x, w, b, EPS, **opts)
+        y, mean, var = mod.norm_forward(x, w, b, eps, **opts)
         stats = (mean + 0.25, var + 0.5) if case["eval_stats"] else None
         if stats is not None:
-            y, mean, var = mod.norm_forward(x, w, b, EPS, stats=stats, **opts)
+            y, mean, var = mod.norm_forward(x, w, b, eps, stats=stats, **opts)
         # both backwards get the reference's statistics: this compares the backward alone
         fwd[name] = (y, mean, var)
     _, mean, var = fwd["reference"]
-    rstd = 1.0 / np.sqrt(var + EPS)
+    rstd = 1.0 / np.sqrt(var + eps)
     float32 = np.result_type(x, dy) == np.float32
     # the float32 bounds for computed (fixed=False) and fixed statistics (None: held to TOL)
     none = dict.fromkeys(("y", "dx", "dweight", "dbias"))
