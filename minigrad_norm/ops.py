@@ -631,11 +631,20 @@ def getitem(a: Tensor, index: Any) -> Tensor:
 
 
 def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    return Concatenate.apply(*[as_tensor(t) for t in tensors], axis=axis)
+    return Concatenate.apply(*_sequence("concatenate", tensors), axis=axis)
 
 
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    return Stack.apply(*[as_tensor(t) for t in tensors], axis=axis)
+    return Stack.apply(*_sequence("stack", tensors), axis=axis)
+
+
+def _sequence(op: str, tensors: Any) -> list[Tensor]:
+    # (a Tensor iterates over its rows: taken for the sequence, it concatenated its own rows, as PyTorch refuses)
+    if isinstance(tensors, Tensor | np.ndarray):
+        raise TypeError(
+            f"{op}: expected a sequence of tensors, got one {type(tensors).__name__} of shape {tensors.shape}"
+        )
+    return [as_tensor(t) for t in tensors]
 
 
 def masked_fill(a: Tensor, mask: Any, value: float | Tensor) -> Tensor:

@@ -32,6 +32,7 @@ correction of v, exactly as PyTorch writes it.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 
 import numpy as np
@@ -62,6 +63,12 @@ class Optimizer:
                 )
             if not p.is_leaf:
                 raise ValueError(f"{name}: can't optimize a non-leaf Tensor (parameter {k}, shape {p.shape})")
+        if len({id(p) for p in self.params}) < len(self.params):
+            # as PyTorch's warning: each copy would be stepped, with state of its own
+            warnings.warn(
+                f"{name}: the parameter list holds a parameter more than once; it is updated once for each copy",
+                stacklevel=3,
+            )
         if not lr >= 0.0:  # not `lr < 0.0`, which a nan lr would pass
             raise ValueError(f"{name}: invalid learning rate lr={lr}")
         self.lr = lr

@@ -210,6 +210,8 @@ class Tensor:
         return self.data
 
     def item(self) -> Any:
+        if self.size != 1:
+            raise ValueError(f"item: a Tensor of shape {self.shape} has {self.size} values, not one")
         return self.data.item()
 
     def detach(self) -> Tensor:
@@ -466,16 +468,24 @@ def backprop(
 
 
 def grad(
-    output: Tensor, inputs: Sequence[Tensor], gradient: Any = None, retain_graph: bool = False
+    output: Tensor, inputs: Tensor | Sequence[Tensor], gradient: Any = None, retain_graph: bool = False
 ) -> tuple[np.ndarray, ...]:
-    """d(output)/d(input) contracted with ``gradient``, for each input, without touching ``.grad``.
+    """d(output)/d(input) contracted with ``gradient``, for each input (one Tensor or a sequence of them),
+    without touching ``.grad``.
 
     Like ``torch.autograd.grad`` with ``materialize_grads=True``: an input the output does not
     depend on gets zeros (PyTorch's default raises), and an input that does not require grad
     raises ``RuntimeError``. Each result is a fresh writable array, as ``.grad`` is after
     ``backward``.
     """
+    # (a single Tensor is one input, not a sequence of its rows: those are new tensors outside the graph,
+    # whose gradients would all be zeros)
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    if not inputs:
+        raise RuntimeError("grad: no inputs to differentiate with respect to")
     for k, t in enumerate(inputs):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"grad: input {k} must be a Tensor, got {type(t).__name__}")
         if not t.requires_grad:  # its gradient would be zeros whatever the graph: most likely a mistake
             raise RuntimeError(
                 f"grad: one of the differentiated Tensors does not require grad: input {k}, of shape {t.shape}"

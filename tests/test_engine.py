@@ -131,6 +131,30 @@ def test_grad_returns_fresh_writable_arrays():
         np.testing.assert_array_equal(gx, g)
 
 
+def test_grad_takes_one_tensor_as_one_input():
+    """``grad(y, x)`` walked x's rows, new tensors outside the graph, and gave zeros (torch takes one tensor)."""
+    x = Tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    (g,) = mg.grad((x * x).sum(), x)
+    np.testing.assert_array_equal(g, [2.0, 4.0, 6.0])
+    with pytest.raises(RuntimeError, match="no inputs"):
+        mg.grad((x * x).sum(), [])
+    with pytest.raises(TypeError, match="input 0 must be a Tensor, got ndarray"):
+        mg.grad((x * x).sum(), [x.data])
+
+
+def test_sequence_ops_refuse_one_tensor_and_item_needs_one_value():
+    """``concatenate(t)`` took t's rows for the sequence: (2, 3) came out (6,), where torch.cat refuses."""
+    t = Tensor(np.arange(6.0).reshape(2, 3))
+    for op in (mg.concatenate, mg.stack):
+        with pytest.raises(TypeError, match=r"expected a sequence of tensors, got one Tensor of shape \(2, 3\)"):
+            op(t)
+    np.testing.assert_array_equal(mg.concatenate([t, t], axis=1).data, np.concatenate([t.data, t.data], axis=1))
+    with pytest.raises(ValueError, match=r"item: a Tensor of shape \(2, 3\) has 6 values"):
+        t.item()
+    with pytest.raises(ValueError, match=r"embedding: weight must be 2-D .* got shape \(5,\)"):
+        F.embedding(np.array([0, 1]), Tensor(np.ones(5), requires_grad=True))
+
+
 def test_an_assigned_grad_must_match_the_tensor_as_in_pytorch():
     """A (1,) grad on a (3,) parameter was broadcast by SGD's update: a silently wrong step."""
     p = Tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)

@@ -211,3 +211,10 @@ def test_nan_hyperparameters_are_refused(make) -> None:
     """nan < 0 is False, so a check written as `x < 0` let nan through and every step made p nan."""
     with pytest.raises(ValueError):
         make([param([0.0])])
+
+
+def test_a_parameter_listed_twice_is_warned_about_as_in_pytorch():
+    """It is stepped once for each copy, each with state of its own: twice the step, silently, until now."""
+    p = Tensor(np.ones(2), requires_grad=True)
+    with pytest.warns(UserWarning, match="SGD: the parameter list holds a parameter more than once"):
+        SGD([p, p], lr=0.1)
