@@ -361,6 +361,19 @@ class _Net(nn.Module):
         self.ln = nn.LayerNorm(3, dtype=np.float64)
 
 
+def test_a_value_that_is_not_a_number_fails_the_load_before_anything_is_copied() -> None:
+    """NumPy's cast of a text value failed half-way through the copies, after the entries before it were in."""
+    ln = nn.LayerNorm(3)
+    with pytest.raises(
+        RuntimeError, match="dtype mismatch for bias: a <U1 value cannot be copied into the model's float32"
+    ):
+        ln.load_state_dict({"weight": np.zeros(3), "bias": np.array(["a", "b", "c"])})
+    np.testing.assert_array_equal(ln.weight.data, np.ones(3))
+    bn = nn.BatchNorm1d(3)
+    bn.load_state_dict({**bn.state_dict(), "num_batches_tracked": np.array(5.0), "weight": np.arange(3)})
+    assert bn.num_batches_tracked == 5 and bn.weight.data.dtype == np.float32  # (numbers are cast)
+
+
 def test_load_state_dict_not_strict_loads_what_it_can_and_lists_the_rest() -> None:
     net = _Net()
     state = {"bn.weight": np.full(3, 2.0), "ln.bias": np.full(3, 5.0), "head.weight": np.zeros(2)}

@@ -247,7 +247,8 @@ class Module:
         as in PyTorch, which copies them in turn.
         Errors are ``RuntimeError`` listing every problem, as PyTorch's ("Error(s) in loading state_dict
         for ..."). Everything is checked before anything is copied, so a failed load leaves the module as
-        it was (PyTorch copies the entries before the failing one). Values are cast to each target's dtype.
+        it was (PyTorch copies the entries before the failing one). Values are cast to each target's dtype:
+        numbers only (a text or object value is an error, and a complex one into a real target).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"load_state_dict: expected state_dict to be a mapping, got {type(state_dict).__name__}")
@@ -268,6 +269,11 @@ class Module:
             f"current model is {targets[name].shape}."
             for name, value in loaded.items()
             if value.shape != targets[name].shape
+        ]
+        errors += [  # (numbers are cast, as PyTorch's copy_ casts; text, objects and complex into real are not)
+            f"dtype mismatch for {name}: a {value.dtype} value cannot be copied into the model's {targets[name].dtype}."
+            for name, value in loaded.items()
+            if value.dtype.kind not in ("biufc" if targets[name].dtype.kind == "c" else "biuf")
         ]
         if errors:
             raise RuntimeError(
