@@ -315,8 +315,8 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def embedding(input: Any, weight: Tensor) -> Tensor:  # noqa: A002
     """Rows of ``weight`` (num_embeddings, dim) picked by the integer indices ``input`` (PyTorch's order)."""
-    if np.ndim(array_of(weight)) != 2:  # (other ranks ran forward, then failed in the backward)
-        raise ValueError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {np.shape(array_of(weight))}")
+    if (w := array_of(weight)).ndim != 2:  # (other ranks ran forward, then failed in the backward)
+        raise ValueError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {w.shape}")
     return Embedding.apply(weight, np.asarray(input.data if isinstance(input, Tensor) else input))
 
 

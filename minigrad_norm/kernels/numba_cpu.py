@@ -2608,10 +2608,9 @@ def norm_backward(
     dy3 = np.ascontiguousarray(dy, dtype=common).reshape(N, G, L)
     x3 = np.ascontiguousarray(x, dtype=common).reshape(N, G, L)
     mean2, rstd2, w2 = _stat2(mean, G), _stat2(rstd, G), _affine2(weight, G, K, 1.0, common)
-    # (statistics that share memory with out are copied: they are read after dx has begun to be written)
-    mean2, rstd2 = (s.copy() if out is not None and np.may_share_memory(out, s) else s for s in (mean2, rstd2))
     if common == x.dtype:
-        dx = _out_buffer(out, x.shape, common, reads=(dy3.reshape(x.shape), x3.reshape(x.shape), w2, mask))
+        reads = (dy3.reshape(x.shape), x3.reshape(x.shape), w2, mean2, rstd2, mask)
+        dx = _out_buffer(out, x.shape, common, reads=reads)
     else:
         dx = POOL.empty(x.shape, common)
 

@@ -24,6 +24,7 @@ import numpy as np
 from minigrad_norm.nn.module import Module, Parameter, factory_dtype
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from minigrad_norm.norms._function import (
+    array_of,
     check_eps,
     check_flag,
     check_int,
@@ -239,7 +240,7 @@ class _InstanceNorm(_NormBase):
             warnings.warn(message + "; num_features is not used because affine=False", stacklevel=2)
         if unbatched:
             x = x.reshape((1, *x.shape))
-            mask = None if mask is None else np.asarray(mask.data if isinstance(mask, Tensor) else mask)[None]
+            mask = None if mask is None else array_of(mask)[None]
         y = instance_norm(
             x,
             self.running_mean,
