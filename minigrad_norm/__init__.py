@@ -10,7 +10,16 @@ array([2., 4., 6.])
 from minigrad_norm.backend import get_backend, set_backend, use_backend
 from minigrad_norm.gradcheck import GradcheckError, gradcheck, jacobian, numerical_jacobian
 from minigrad_norm.ops import concatenate, stack
-from minigrad_norm.tensor import Context, Function, Tensor, enable_grad, grad, is_grad_enabled, no_grad
+from minigrad_norm.tensor import (
+    Context,
+    Function,
+    Tensor,
+    enable_grad,
+    grad,
+    increment_version,
+    is_grad_enabled,
+    no_grad,
+)
 
 __version__ = "0.1.0"
 
@@ -25,6 +34,7 @@ __all__ = [
     "get_backend",
     "grad",
     "gradcheck",
+    "increment_version",
     "is_grad_enabled",
     "jacobian",
     "no_grad",

@@ -2,7 +2,8 @@
 
 Each optimizer updates its parameters' ``.data`` in place from their
 ``.grad`` (parameters whose grad is None are skipped, as PyTorch does), in
-the parameter's own dtype. With g the gradient, p the parameter, lr the
+the parameter's own dtype, and counts the write (``increment_version``), so a
+backward through a graph built before the step raises, as in PyTorch. With g the gradient, p the parameter, lr the
 learning rate and t the step count (from 1):
 
 SGD (``torch.optim.SGD``)::
@@ -37,7 +38,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from minigrad_norm.tensor import Tensor
+from minigrad_norm.tensor import Tensor, increment_version
 
 
 class Optimizer:
@@ -82,6 +83,7 @@ class Optimizer:
         for i, p in enumerate(self.params):
             if p.grad is not None:
                 self.update(i, p, p.grad)
+                increment_version(p)  # a backward through a graph built before this step now raises
 
     def update(self, i: int, p: Tensor, grad: np.ndarray) -> None:
         """Apply one step to parameter number ``i``."""

@@ -31,6 +31,7 @@ an input. Leaves accumulate into ``.grad`` with ``+=``, as in PyTorch.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -68,12 +69,50 @@ def is_grad_enabled() -> bool:
     return _grad_enabled
 
 
+# -- version counters ------------------------------------------------------------
+# How many times the memory of an array was written in place by something that says so: an optimizer's
+# step(), load_state_dict, or a call of increment_version. The count is kept per owning array (the end
+# of the .base chain), so that every view of a parameter sees the write: the reshaped weight a norm
+# saved, a row taken by indexing; PyTorch's views share their base's counter in the same way. Only
+# arrays ever written have an entry, dropped when the array dies (ndarrays are not hashable, hence ids).
+_versions: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _version_of(a: np.ndarray) -> int:
+    entry = _versions.get(id(_owner(a)))
+    return 0 if entry is None else entry[1]
+
+
+def increment_version(t: Tensor | np.ndarray) -> None:
+    """Record that the memory of ``t`` (a Tensor's ``.data``, or an array) was written in place.
+
+    A backward that needs an array saved before the write then raises ``RuntimeError`` instead of
+    computing the gradient from the new values. The optimizers and ``load_state_dict`` call it; call it
+    after writing into ``.data`` yourself (as ``torch.autograd.graph.increment_version``: PyTorch's
+    in-place ops count their writes, but a write through ``.data`` is not counted, there or here).
+    """
+    owner = _owner(t.data if isinstance(t, Tensor) else t)
+    key = id(owner)
+    entry = _versions.get(key)
+    if entry is None:
+        _versions[key] = (weakref.ref(owner, lambda _, key=key: _versions.pop(key, None)), 1)
+    else:
+        _versions[key] = (entry[0], entry[1] + 1)
+
+
 class Context:
     """What a Function's forward hands to its backward.
 
     Arrays go through ``save_for_backward`` so that the engine can release them
-    after a backward pass; plain Python values (shapes, axes, flags) may be set
-    as attributes. ``needs_input_grad[i]`` says whether input ``i`` wants a
+    after a backward pass, and can refuse them if they were written in place
+    since (``increment_version``); plain Python values (shapes, axes, flags) may
+    be set as attributes. ``needs_input_grad[i]`` says whether input ``i`` wants a
     gradient, so a backward can skip work nobody asked for.
     """
 
@@ -82,9 +121,11 @@ class Context:
         self.inputs = inputs
         self.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in inputs)
         self._saved: tuple[Any, ...] | None = ()
+        self._saved_versions: tuple[int | None, ...] = ()
 
     def save_for_backward(self, *arrays: Any) -> None:
         self._saved = arrays
+        self._saved_versions = tuple(_version_of(a) if isinstance(a, np.ndarray) else None for a in arrays)
 
     @property
     def saved_tensors(self) -> tuple[Any, ...]:
@@ -94,6 +135,14 @@ class Context:
                 "time, but its saved arrays were released by the first backward. Pass "
                 "retain_graph=True to the first backward() to keep them."
             )
+        for k, (a, version) in enumerate(zip(self._saved, self._saved_versions)):
+            if version is not None and _version_of(a) != version:
+                raise RuntimeError(
+                    f"{self.fn.__name__}.backward: saved array {k} (shape {a.shape}, {a.dtype}) was modified in "
+                    f"place after the forward: it is at version {_version_of(a)}, the forward saved version "
+                    f"{version}. An optimizer step() or load_state_dict between a forward and its backward does "
+                    "this; call backward() first (PyTorch raises the same error)."
+                )
         return self._saved
 
     def release(self) -> None:
@@ -185,6 +234,11 @@ class Tensor:
                     f"tensor has shape {self.shape} and dtype {self.dtype}"
                 )
         self._grad = value
+
+    @property
+    def _version(self) -> int:
+        """How many counted in-place writes ``.data``'s memory has had (``increment_version``), as PyTorch's."""
+        return _version_of(self.data)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -458,6 +512,8 @@ def backprop(
                     f"{ctx.fn.__name__}.backward returned a gradient of shape {ig.shape} for an "
                     f"input of shape {inp.shape}"
                 )
+            if ig.dtype != inp.dtype:  # as PyTorch's engine: each gradient in its input's dtype
+                ig = ig.astype(inp.dtype)
             if id(inp) in grads:  # a tensor used by several ops: sum over the paths
                 grads[id(inp)] = (inp, grads[id(inp)][1] + ig)
             else:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
-from minigrad_norm.tensor import Tensor
+from minigrad_norm.tensor import Tensor, increment_version
 
 
 def factory_dtype(op: str, device: Any, dtype: Any) -> np.dtype:
@@ -281,6 +281,7 @@ class Module:
             )
         for name, value in loaded.items():  # in targets' order, so the last name of a tied array wins
             targets[name][...] = value
+            increment_version(targets[name])  # a graph built before the load no longer matches the weights
         return IncompatibleKeys(missing, unexpected)
 
     def save(self, path: str | os.PathLike[str]) -> None:

@@ -1,0 +1,220 @@
+"""Version counters: a backward refuses a saved array that was written in place after its forward.
+
+Without them, an optimizer step between a forward and its backward gave the gradient at the new weights,
+with no error. The expected gradients here are closed forms; the PyTorch cases check that both engines
+raise, or both do not, on the same program.
+"""
+
+import gc
+
+import numpy as np
+import pytest
+
+import minigrad_norm as mg
+import minigrad_norm.functional as F
+from minigrad_norm import Function, Tensor, increment_version, nn
+from minigrad_norm.optim import SGD, Adam, AdamW
+from minigrad_norm.tensor import _versions
+
+OPTIMIZERS = {"sgd": lambda ps: SGD(ps, lr=0.1), "adam": lambda ps: Adam(ps, lr=0.1), "adamw": lambda ps: AdamW(ps)}
+
+
+def leaf(a, dtype=np.float64):
+    return Tensor(np.asarray(a, dtype=dtype), requires_grad=True)
+
+
+def step(make_optimizer, params):
+    for p in params:
+        p.grad = np.ones_like(p.data)
+    make_optimizer(params).step()
+
+
+def linear_graph():
+    lin = nn.Linear(3, 2, dtype=np.float64, rng=np.random.default_rng(0))
+    x = leaf(np.random.default_rng(1).normal(size=(4, 3)))
+    return (lin(x) ** 2).sum(), [lin.weight, lin.bias], "Linear"
+
+
+def layer_norm_graph():
+    ln = nn.LayerNorm(5, dtype=np.float64)
+    x = leaf(np.random.default_rng(2).normal(size=(3, 5)))
+    return (ln(x) * Tensor(np.arange(5.0))).sum(), [ln.weight, ln.bias], "Normalize"
+
+
+def matmul_graph():
+    w = leaf(np.random.default_rng(3).normal(size=(3, 3)))
+    x = leaf(np.ones((2, 3)))
+    return ((x @ w) ** 2).sum(), [w], "MatMul"
+
+
+def row_view_graph():
+    # the row is a new Tensor whose array is a view of w's: the write to w must reach it
+    w = leaf(np.arange(6.0).reshape(2, 3))
+    row = w[1]
+    return (row * row).sum(), [w], "Mul"
+
+
+GRAPHS = [linear_graph, layer_norm_graph, matmul_graph, row_view_graph]
+
+
+@pytest.mark.parametrize("make_optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
+@pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: g.__name__)
+def test_an_optimizer_step_between_forward_and_backward_is_refused(graph, make_optimizer):
+    loss, params, op = graph()
+    step(make_optimizer, params)
+    with pytest.raises(RuntimeError, match=rf"{op}\.backward: saved array \d .* modified in place.*version 1"):
+        loss.backward()
+
+
+def test_the_usual_order_and_a_forward_after_the_step_are_unaffected():
+    w = leaf([1.0, -2.0, 3.0])
+    (w * w).sum().backward()  # forward, backward, step: nothing is refused
+    np.testing.assert_array_equal(w.grad, [2.0, -4.0, 6.0])
+    SGD([w], lr=0.25).step()  # w = w - 0.25 * 2w = w / 2
+    w.grad = None
+    (w * w).sum().backward()  # a forward after the step saves the new version
+    np.testing.assert_array_equal(w.grad, [1.0, -2.0, 3.0])
+    assert w._version == 1
+
+
+def test_an_op_that_saved_nothing_of_the_parameter_still_gives_its_gradient():
+    # add saves nothing, and its gradient does not depend on the values: PyTorch does not raise either
+    w, x = leaf([1.0, 2.0]), leaf([3.0, 4.0])
+    loss = ((w + x) * Tensor(np.array([5.0, 7.0]))).sum()
+    step(OPTIMIZERS["sgd"], [w])
+    w.grad = None
+    loss.backward()
+    np.testing.assert_array_equal(w.grad, [5.0, 7.0])
+    np.testing.assert_array_equal(x.grad, [5.0, 7.0])
+
+
+def test_load_state_dict_between_forward_and_backward_is_refused():
+    lin = nn.Linear(3, 2, dtype=np.float64, rng=np.random.default_rng(0))
+    loss = (lin(leaf(np.ones((2, 3)))) ** 2).sum()
+    lin.load_state_dict({k: v + 1.0 for k, v in lin.state_dict().items()})
+    with pytest.raises(RuntimeError, match="Linear.backward: .*modified in place"):
+        loss.backward()
+
+
+def test_a_retained_graph_is_refused_after_a_step():
+    w = leaf([1.0, 2.0])
+    loss = (w * w).sum()
+    loss.backward(retain_graph=True)
+    SGD([w], lr=0.1).step()
+    with pytest.raises(RuntimeError, match="Mul.backward: .*version 1, the forward saved version 0"):
+        loss.backward()
+
+
+class SavesX(Function):
+    """y = x^2, saving x itself."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+def test_increment_version_is_public_counts_per_owner_and_reaches_every_view():
+    x = leaf(np.arange(6.0).reshape(2, 3))
+    y = SavesX.apply(x.reshape(3, 2))  # saves a view of x's array
+    assert x._version == 0
+    mg.increment_version(x.data[0])  # a write through another view of the same memory
+    assert x._version == 1 and y._version == 0  # y's array is its own
+    with pytest.raises(RuntimeError, match=r"SavesX.backward: saved array 0 \(shape \(3, 2\), float64\)"):
+        y.sum().backward()
+    increment_version(x)
+    assert x._version == 2
+
+
+def test_the_count_of_an_array_is_dropped_with_the_array():
+    before = len(_versions)
+    a = np.ones(3)
+    increment_version(a[1:])
+    assert len(_versions) == before + 1
+    del a
+    gc.collect()
+    assert len(_versions) == before
+
+
+class Float64Gradient(Function):
+    """y = 2 x, whose backward returns float64 whatever x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, g):
+        return (2 * g).astype(np.float64)
+
+
+class RecordsGradientDtype(Function):
+    """y = x, recording the dtype of the gradient that reaches it."""
+
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        RecordsGradientDtype.seen.append(g.dtype)
+        return g
+
+
+def test_each_gradient_is_cast_to_its_input_s_dtype_as_in_pytorch():
+    x = leaf([1.0, 2.0], dtype=np.float32)
+    h = RecordsGradientDtype.apply(x)
+    Float64Gradient.apply(h).sum().backward()
+    assert RecordsGradientDtype.seen == [np.dtype(np.float32)]
+    assert x.grad.dtype == np.float32
+    np.testing.assert_array_equal(x.grad, [2.0, 2.0])
+
+
+# -- the same programs in PyTorch: forward, an SGD step on w, backward -------------------------------
+PROGRAMS = {  # name: (ours, torch's), each f(w, x) -> a scalar loss; w[:2] is a view of w in both
+    "linear": (lambda w, x: (F.linear(x, w) ** 2).sum(), lambda w, x, t: (t.nn.functional.linear(x, w) ** 2).sum()),
+    "layer_norm": (
+        lambda w, x: (F.layer_norm(x, (3,), w[0]) * x).sum(),
+        lambda w, x, t: (t.nn.functional.layer_norm(x, (3,), w[0]) * x).sum(),
+    ),
+    "mul": (lambda w, x: (w[:2] * x).sum(), lambda w, x, t: (w[:2] * x).sum()),
+    "add": (lambda w, x: ((w[:2] + x) * x).sum(), lambda w, x, t: ((w[:2] + x) * x).sum()),
+    "exp": (lambda w, x: (w[:2].exp() * x).sum(), lambda w, x, t: (w[:2].exp() * x).sum()),
+}
+RAISES = {"linear": True, "layer_norm": True, "mul": True, "add": False, "exp": False}
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_pytorch_raises_on_the_same_programs(name):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    w0, x0 = rng.normal(size=(3, 3)), rng.normal(size=(2, 3))
+    ours, theirs = PROGRAMS[name]
+
+    w, x = leaf(w0.copy()), leaf(x0)  # (a copy: our step writes into w's array); x requires grad, so that
+    # every op saves w for x's gradient
+    loss = ours(w, x)
+    step(OPTIMIZERS["sgd"], [w])
+    tw, tx = torch.tensor(w0, requires_grad=True), torch.tensor(x0, requires_grad=True)
+    torch_loss = theirs(tw, tx, torch)
+    tw.grad = torch.ones_like(tw)
+    torch.optim.SGD([tw], lr=0.1).step()
+
+    if RAISES[name]:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch_loss.backward()
+        with pytest.raises(RuntimeError, match="modified in place"):
+            loss.backward()
+    else:
+        tw.grad = w.grad = None
+        torch_loss.backward()
+        loss.backward()
+        np.testing.assert_allclose(w.grad, tw.grad.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(x.grad, tx.grad.numpy(), rtol=1e-12)
