@@ -15,7 +15,7 @@ import numpy as np
 
 from minigrad_norm.backend import kernels_for
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm  # noqa: F401 (re-exported)
-from minigrad_norm.norms._function import array_of
+from minigrad_norm.norms._args import array_of
 from minigrad_norm.ops import as_tensor, normalize_axis, reduction_axis, require_real
 from minigrad_norm.tensor import Context, Function, Tensor
 

@@ -16,7 +16,7 @@ The groups: a row of normalized_shape (layer_norm, rms_norm), a (sample,
 group) (group_norm), a (sample, channel) (instance_norm), a channel across the
 batch (batch_norm). Each function is defined, with its derivation, next to
 its norm in ``minigrad_norm.norms``; all of them compute the matrices with one
-function, ``minigrad_norm.norms._function.group_jacobians``.
+function, ``minigrad_norm.norms._jacobian.group_jacobians``.
 """
 
 from minigrad_norm.norms.batch_norm import batch_norm_jacobian as batch_norm

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import minigrad_norm.functional as F
 from minigrad_norm import nn
-from minigrad_norm.norms import _function, batch_norm, group_norm, instance_norm, layer_norm, rms_norm
+from minigrad_norm.norms import _node, batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from minigrad_norm.tensor import Tensor
 from minigrad_norm.testing import channel_shapes, masks
 
@@ -473,7 +473,7 @@ def test_an_empty_batch_gives_an_empty_output_and_zero_affine_gradients(name, mo
     def no_kernel(*arrays: np.ndarray) -> None:
         raise AssertionError(f"an empty input reached a kernel: shapes {[np.shape(a) for a in arrays]}")
 
-    monkeypatch.setattr(_function, "kernels_for", no_kernel)
+    monkeypatch.setattr(_node, "kernels_for", no_kernel)
     fn, shape, affine_shape = EMPTY[name]
     x = Tensor(np.zeros(shape, np.float32), requires_grad=True)
     w = Tensor(np.full(affine_shape, 2.0), requires_grad=True)  # float64 beside float32 data (docs/derivations.md §6)

@@ -23,7 +23,7 @@ from minigrad_norm import jacobians, nn, ops
 from minigrad_norm.gradcheck import gradcheck, jacobian, numerical_jacobian
 from minigrad_norm.nn import functional_call
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
-from minigrad_norm.norms._function import full_jacobian
+from minigrad_norm.norms._jacobian import full_jacobian
 from minigrad_norm.tensor import Tensor, grad
 from minigrad_norm.testing import arrays, channel_shapes, ensure_spread, layer_norm_shapes, masks, spread_arrays
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from minigrad_norm.nn.module import Module, Parameter, factory_dtype
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
-from minigrad_norm.norms._function import (
+from minigrad_norm.norms._args import (
     array_of,
     check_eps,
     check_flag,

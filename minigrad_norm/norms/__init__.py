@@ -2,7 +2,7 @@
 
 One module per norm, each stating its forward, what it saves, its backward and
 its closed-form Jacobian; all of them run the shared node ``Normalize``
-(``_function.py``) on a 4-D view of their input:
+(``_node.py``) on a 4-D view of their input:
 
     layer_norm / rms_norm   (rows, 1, D, 1)     per sample
     group_norm              (N, G, C/G, S)      per sample

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.norms._function import channel_jacobians, channel_norm
+from minigrad_norm.norms._args import channel_norm
+from minigrad_norm.norms._jacobian import channel_jacobians
 from minigrad_norm.tensor import Tensor
 
 

@@ -18,7 +18,7 @@ from minigrad_norm import jacobians
 from minigrad_norm.check import CheckCase, Inputs
 from minigrad_norm.nn.norm import BatchNorm1d, BatchNorm2d
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
-from minigrad_norm.norms._function import full_jacobian
+from minigrad_norm.norms._jacobian import full_jacobian
 from minigrad_norm.tensor import Tensor
 
 

@@ -30,14 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.norms._function import (
-    Normalize,
-    View,
-    channel_args,
-    check_count,
-    check_int,
-    view_jacobians,
-)
+from minigrad_norm.norms._args import channel_args, check_count, check_int
+from minigrad_norm.norms._jacobian import view_jacobians
+from minigrad_norm.norms._node import Normalize, View
 from minigrad_norm.tensor import Tensor
 
 

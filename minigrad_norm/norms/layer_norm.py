@@ -36,15 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.norms._function import (
-    Normalize,
-    View,
-    as_float_tensor,
-    check_affine,
-    check_eps,
-    check_normalized_shape,
-    view_jacobians,
-)
+from minigrad_norm.norms._args import as_float_tensor, check_affine, check_eps, check_normalized_shape
+from minigrad_norm.norms._jacobian import view_jacobians
+from minigrad_norm.norms._node import Normalize, View
 from minigrad_norm.tensor import Tensor
 
 

@@ -34,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.norms._function import Normalize, as_float_tensor, view_jacobians
+from minigrad_norm.norms._args import as_float_tensor
+from minigrad_norm.norms._jacobian import view_jacobians
+from minigrad_norm.norms._node import Normalize
 from minigrad_norm.norms.layer_norm import row_args
 from minigrad_norm.tensor import Tensor
 
