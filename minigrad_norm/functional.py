@@ -133,6 +133,10 @@ class Linear(Function):
     """y = x @ W^T + b with W of shape (out_features, in_features), as PyTorch.
 
     dL/dx = g @ W,  dL/dW = sum over rows of g^T x,  dL/db = sum over rows of g.
+
+    Saved: x only if W wants a gradient, W only if x does (as PyTorch's saves), so that a frozen
+    layer keeps no activation alive, and a step on W before the backward is refused only where
+    the backward would read W.
     """
 
     @staticmethod
@@ -146,7 +150,7 @@ class Linear(Function):
             )
         if bias is not None and bias.shape != (weight.shape[0],):
             raise ValueError(f"linear: bias must have shape ({weight.shape[0]},), got {bias.shape}")
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight if ctx.needs_input_grad[0] else None)
         y = x @ weight.T
         return y if bias is None else y + bias
 
