@@ -169,6 +169,20 @@ def test_attention_rejects_bad_masks_and_shapes(rng: np.random.Generator) -> Non
         MultiHeadSelfAttention(10, 3)
 
 
+@pytest.mark.parametrize("shape", [(2, 0, 8), (0, 3, 8)], ids=["empty sequence", "empty batch"])
+@pytest.mark.parametrize("mode", MODES)
+def test_an_empty_sequence_or_batch_gives_an_empty_output_and_zero_gradients(shape, mode) -> None:
+    # as PyTorch's MultiheadAttention and TransformerEncoderLayer; the softmax's max over no keys used to fail
+    b = block(mode, causal=True)
+    x = Tensor(np.zeros(shape), requires_grad=True)
+    y = b(x, key_padding_mask=np.zeros(shape[:2], dtype=bool))
+    assert y.shape == shape
+    y.sum().backward()
+    assert x.grad.shape == shape
+    for name, p in b.named_parameters():
+        np.testing.assert_array_equal(p.grad, np.zeros_like(p.data), err_msg=name)  # a sum over no position
+
+
 # -- block structure ----------------------------------------------------------------------------------
 def test_parameter_names_and_dtype() -> None:
     b = TransformerBlock(8, 2, 16, dtype=np.float32, rng=np.random.default_rng(0))

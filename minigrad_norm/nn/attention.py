@@ -72,7 +72,7 @@ class Attention(Function):
             dead = np.all(mask, axis=-1, keepdims=True)  # queries with every key masked
             if dead.any():
                 s = np.where(dead, np.asarray(0, dtype=s.dtype), s)  # a finite row, zeroed below
-        s -= s.max(axis=-1, keepdims=True)
+        s -= s.max(axis=-1, keepdims=True, initial=-np.inf)  # (initial: a sequence of length 0 has no keys)
         p = np.exp(s, out=s)
         p /= p.sum(axis=-1, keepdims=True)
         if dead is not None and dead.any():
