@@ -475,7 +475,13 @@ def backprop(
             )
         gradient = np.ones_like(root.data)
     else:
-        gradient = np.asarray(gradient.data if isinstance(gradient, Tensor) else gradient, dtype=root.dtype)
+        gradient = np.asarray(gradient.data if isinstance(gradient, Tensor) else gradient)
+        if gradient.dtype.kind not in "biuf":  # (a cast would drop a complex gradient's imaginary part)
+            raise TypeError(
+                f"backward: gradient has dtype {gradient.dtype}, but the output (shape {root.shape}, dtype "
+                f"{root.dtype}) is real: its gradient must be real numbers"
+            )
+        gradient = gradient.astype(root.dtype, copy=False)
         if gradient.shape != root.shape:
             raise RuntimeError(f"backward: gradient has shape {gradient.shape} but the output has shape {root.shape}")
 

@@ -85,6 +85,22 @@ def test_non_scalar_backward_needs_a_gradient():
         (x * 2.0).backward(np.ones(3))
 
 
+@pytest.mark.parametrize("gradient", [np.array([1 + 1j, 2.0]), np.array(["a", "b"])], ids=["complex", "text"])
+def test_a_gradient_that_is_not_real_numbers_is_refused(gradient):
+    # a complex one was cast with only NumPy's warning, dropping its imaginary part; text got NumPy's ValueError
+    x = leaf([1.0, 2.0])
+    with pytest.raises(TypeError, match=rf"backward: gradient has dtype {gradient.dtype}, .*must be real numbers"):
+        (x * 2.0).backward(gradient)
+
+
+def test_a_gradient_of_integers_or_bools_is_cast_to_the_output_s_dtype_as_in_pytorch():
+    x = leaf([1.0, 2.0], dtype=np.float32)
+    (x * 2.0).backward(np.array([3, 0]))
+    (x * 2.0).backward(np.array([True, False]))
+    np.testing.assert_array_equal(x.grad, [8.0, 0.0])
+    assert x.grad.dtype == np.float32
+
+
 def test_backward_on_a_constant_raises():
     with pytest.raises(RuntimeError, match="does not require grad"):
         Tensor(np.ones(2)).sum().backward()
