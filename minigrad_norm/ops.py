@@ -13,12 +13,15 @@ matmul, sums, reshapes, indexing) accept complex arrays, so that
 ``numerical_jacobian(method="complex")`` can push ``x + i*h`` through a
 forward. Ops that are not analytic (``max``, ``relu``, comparisons) refuse
 complex input through ``require_real``.
+
+Dtypes: an op on several operands computes in their ``result_type``, PyTorch's
+type promotion; its forward casts the arrays to it first.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,13 +47,58 @@ def as_number(value: Any) -> int | float | complex | None:
     return None
 
 
-def as_tensor(value: Any, like: Tensor | None = None) -> Tensor:
-    """Wrap ``value``; a number (``as_number``) takes the dtype of ``like`` (never upcasting float32)."""
-    if isinstance(value, Tensor):
-        return value
-    if like is not None and (number := as_number(value)) is not None:
-        return Tensor(np.asarray(number, dtype=np.result_type(like.dtype, number)))
-    return Tensor(value)
+def as_tensor(value: Any) -> Tensor:
+    """``value`` wrapped in a Tensor (a Tensor is returned as it is)."""
+    return value if isinstance(value, Tensor) else Tensor(value)
+
+
+# bool < integer < floating < complex
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+
+
+def result_type(*operands: Any) -> np.dtype:
+    """The dtype an op on ``operands`` computes in: PyTorch's type promotion (``torch.result_type``).
+
+    Operands rank in three groups: tensors with dimensions (Tensors, arrays), 0-d Tensors, and numbers
+    (``as_number``), a number counting as its category's default dtype (int64, float64, complex128). Within
+    a group dtypes promote as in NumPy, except that integers and bools never widen a float or complex dtype
+    (int64 with float32 is float32). The first group decides, unless a later one is of a higher category
+    (bool < integer < floating < complex): then that one does, but a complex one next to a float group keeps
+    the float's precision (float32 with 1j is complex64). So float32 stays float32 next to an integer
+    tensor, a 0-d float64 tensor or 2.5.
+
+    One difference from PyTorch: the default float dtype is float64 (NumPy's), so an int64 tensor times 2.5
+    is float64, as in PyTorch after ``torch.set_default_dtype(torch.float64)``.
+    """
+    groups: tuple[list[np.dtype], ...] = ([], [], [])
+    for x in operands:
+        if isinstance(x, Tensor) or (number := as_number(x)) is None:
+            x = as_tensor(x)
+            groups[0 if x.ndim else 1].append(x.dtype)
+        else:
+            groups[2].append(np.dtype(next(t for t in (complex, float, int) if isinstance(number, t))))
+    result = None
+    for group in reversed(groups):
+        if not group:
+            continue
+        dtype = np.result_type(*([d for d in group if d.kind in "fc"] or group))
+        if result is None or _CATEGORY[dtype.kind] >= _CATEGORY[result.kind]:
+            result = dtype
+        elif dtype.kind == "f":  # and result is complex
+            result = np.promote_types(dtype, np.complex64)
+    return result
+
+
+def floating(dtype: np.dtype) -> np.dtype:
+    """``dtype``, or the default float dtype (float64) for integers and bools: true division and the
+    transcendental functions compute in it, as in PyTorch (NumPy's exp gives float16 for int8)."""
+    return dtype if dtype.kind in "fc" else np.dtype(np.float64)
+
+
+def cast(dtype: np.dtype, *operands: Any) -> list[Any]:
+    """Each array cast to ``dtype``. A Python number is left as it is: NumPy computes it in the array's
+    dtype, and keeps ``x ** 2`` a square and ``x ** 0.5`` a sqrt."""
+    return [x.astype(dtype, copy=False) if isinstance(x, np.ndarray) else x for x in operands]
 
 
 def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -120,9 +168,10 @@ class Add(Function):
     """y = a + b;  dL/da = g,  dL/db = g  (each summed back to its input's shape)."""
 
     @staticmethod
-    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
         broadcast_shape("add", a, b)
         ctx.shapes = np.shape(a), np.shape(b)
+        a, b = cast(dtype, a, b)
         return a + b
 
     @staticmethod
@@ -134,9 +183,10 @@ class Sub(Function):
     """y = a - b;  dL/da = g,  dL/db = -g."""
 
     @staticmethod
-    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
         broadcast_shape("sub", a, b)
         ctx.shapes = np.shape(a), np.shape(b)
+        a, b = cast(dtype, a, b)
         return a - b
 
     @staticmethod
@@ -148,8 +198,9 @@ class Mul(Function):
     """y = a * b;  dL/da = g * b,  dL/db = g * a."""
 
     @staticmethod
-    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
         broadcast_shape("mul", a, b)
+        a, b = cast(dtype, a, b)  # saved cast: g * an int64 mask would be float64 for a float32 g
         ctx.save_for_backward(a, b)
         return a * b
 
@@ -162,13 +213,14 @@ class Mul(Function):
 
 
 class Div(Function):
-    """y = a / b;  dL/da = g / b,  dL/db = -g * a / b^2 = -g * y / b."""
+    """y = a / b (true division: integers divide as float64);  dL/da = g / b,  dL/db = -g * a / b^2 = -g * y / b."""
 
     @staticmethod
-    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
         broadcast_shape("div", a, b)
-        y = a / b
         ctx.shapes = np.shape(a), np.shape(b)
+        a, b = cast(floating(dtype), a, b)
+        y = a / b
         ctx.save_for_backward(b, y)
         return y
 
@@ -193,8 +245,9 @@ class Pow(Function):
     """
 
     @staticmethod
-    def forward(ctx: Context, a: np.ndarray, b: Any) -> np.ndarray:
+    def forward(ctx: Context, a: np.ndarray, b: Any, dtype: np.dtype) -> np.ndarray:
         broadcast_shape("pow", a, b)
+        a, b = cast(dtype, a, b)
         y = a**b
         ctx.save_for_backward(a, b, y)
         return y
@@ -234,7 +287,7 @@ class MatMul(Function):
     """
 
     @staticmethod
-    def forward(ctx: Context, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def forward(ctx: Context, a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if a.ndim == 0 or b.ndim == 0:
             raise ValueError(f"matmul: both operands need at least one dimension, got shapes {a.shape} and {b.shape}")
         k_a, k_b = a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0]
@@ -249,6 +302,7 @@ class MatMul(Function):
             raise ValueError(
                 f"matmul: batch dimensions of shapes {a.shape} and {b.shape} cannot be broadcast together"
             ) from None
+        a, b = cast(dtype, a, b)
         ctx.save_for_backward(a, b)
         return a @ b
 
@@ -329,7 +383,7 @@ class Exp(Function):
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
-        y = np.exp(a)
+        y = np.exp(a, dtype=floating(a.dtype))
         ctx.save_for_backward(y)
         return y
 
@@ -345,7 +399,7 @@ class Log(Function):
     @staticmethod
     def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
         ctx.save_for_backward(a)
-        return np.log(a)
+        return np.log(a, dtype=floating(a.dtype))
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
@@ -358,7 +412,7 @@ class Sqrt(Function):
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
-        y = np.sqrt(a)
+        y = np.sqrt(a, dtype=floating(a.dtype))
         ctx.save_for_backward(y)
         return y
 
@@ -373,7 +427,7 @@ class Tanh(Function):
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray) -> np.ndarray:
-        y = np.tanh(a)
+        y = np.tanh(a, dtype=floating(a.dtype))
         ctx.save_for_backward(y)
         return y
 
@@ -472,9 +526,9 @@ class Concatenate(Function):
     """y = the inputs joined along ``axis``;  dL/d(input k) = the slice of g that input k filled."""
 
     @staticmethod
-    def forward(ctx: Context, *arrays: np.ndarray, axis: int = 0) -> np.ndarray:
+    def forward(ctx: Context, *arrays: np.ndarray, axis: int, dtype: np.dtype) -> np.ndarray:
         try:
-            y = np.concatenate(arrays, axis=axis)
+            y = np.concatenate(cast(dtype, *arrays), axis=axis)
         except ValueError as e:
             raise ValueError(f"concatenate: {e}; shapes {[a.shape for a in arrays]}") from None
         ctx.splits, ctx.axis = np.cumsum([a.shape[axis] for a in arrays])[:-1], axis
@@ -489,9 +543,9 @@ class Stack(Function):
     """y = the inputs stacked along a new ``axis``;  dL/d(input k) = g taken at k on that axis."""
 
     @staticmethod
-    def forward(ctx: Context, *arrays: np.ndarray, axis: int = 0) -> np.ndarray:
+    def forward(ctx: Context, *arrays: np.ndarray, axis: int, dtype: np.dtype) -> np.ndarray:
         try:
-            y = np.stack(arrays, axis=axis)
+            y = np.stack(cast(dtype, *arrays), axis=axis)
         except ValueError as e:
             raise ValueError(f"stack: {e}; shapes {[a.shape for a in arrays]}") from None
         ctx.axis = axis
@@ -522,30 +576,25 @@ class MaskedFill(Function):
 
 # -- the functions Tensor's methods call ---------------------------------------------------------
 def add(a: Any, b: Any) -> Tensor:
-    a, b = _operands(a, b)
-    return Add.apply(a, b)
+    return _binary(Add, a, b)
 
 
 def sub(a: Any, b: Any) -> Tensor:
-    a, b = _operands(a, b)
-    return Sub.apply(a, b)
+    return _binary(Sub, a, b)
 
 
 def mul(a: Any, b: Any) -> Tensor:
-    a, b = _operands(a, b)
-    return Mul.apply(a, b)
+    return _binary(Mul, a, b)
 
 
 def div(a: Any, b: Any) -> Tensor:
-    a, b = _operands(a, b)
-    return Div.apply(a, b)
+    return _binary(Div, a, b)
 
 
 def pow(a: Any, b: Any) -> Tensor:  # noqa: A001  (the ** operator)
     if isinstance(a, Tensor) and (exponent := as_number(b)) is not None:
-        return Pow.apply(a, exponent)  # a constant exponent stays a Python number: no upcast, no gradient
-    a, b = _operands(a, b)
-    return Pow.apply(a, b)
+        return Pow.apply(a, exponent, dtype=result_type(a, b))  # a Python number exponent: see cast
+    return _binary(Pow, a, b)
 
 
 def neg(a: Tensor) -> Tensor:
@@ -553,7 +602,7 @@ def neg(a: Tensor) -> Tensor:
 
 
 def matmul(a: Any, b: Any) -> Tensor:
-    return MatMul.apply(as_tensor(a), as_tensor(b))
+    return _binary(MatMul, a, b)
 
 
 def sum(  # noqa: A001
@@ -599,21 +648,23 @@ def abs(a: Tensor) -> Tensor:  # noqa: A001
 
 def compare(op: str, a: Any, b: Any) -> Tensor:
     """Elementwise comparison: a boolean Tensor outside the graph (it has no gradient)."""
-    a, b = _operands(a, b)
-    require_real(op, a.data, b.data)
-    broadcast_shape(op, a.data, b.data)
-    return Tensor(getattr(np, op)(a.data, b.data))
+    dtype = result_type(a, b)
+    a, b = as_tensor(a).data, as_tensor(b).data
+    require_real(op, a, b)
+    broadcast_shape(op, a, b)
+    return Tensor(getattr(np, op)(*cast(dtype, a, b)))
 
 
 def reshape(a: Tensor, shape: Sequence[int]) -> Tensor:
-    return Reshape.apply(a, shape=tuple(shape))
+    return Reshape.apply(a, shape=_ints("reshape", "shape", shape, a.shape))
 
 
 def permute(a: Tensor, dims: Sequence[int]) -> Tensor:
-    return Permute.apply(a, dims=tuple(dims))
+    return Permute.apply(a, dims=_ints("permute", "dims", dims, a.shape))
 
 
 def swapaxes(a: Tensor, axis1: int, axis2: int) -> Tensor:
+    axis1, axis2 = _ints("swapaxes", "axes", (axis1, axis2), a.shape)
     dims = list(range(a.ndim))
     try:
         dims[axis1], dims[axis2] = dims[axis2], dims[axis1]
@@ -631,11 +682,13 @@ def getitem(a: Tensor, index: Any) -> Tensor:
 
 
 def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    return Concatenate.apply(*_sequence("concatenate", tensors), axis=axis)
+    tensors = _sequence("concatenate", tensors)
+    return Concatenate.apply(*tensors, axis=axis, dtype=result_type(*tensors))
 
 
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    return Stack.apply(*_sequence("stack", tensors), axis=axis)
+    tensors = _sequence("stack", tensors)
+    return Stack.apply(*tensors, axis=axis, dtype=result_type(*tensors))
 
 
 def _sequence(op: str, tensors: Any) -> list[Tensor]:
@@ -653,14 +706,24 @@ def masked_fill(a: Tensor, mask: Any, value: float | Tensor) -> Tensor:
         raise TypeError(f"masked_fill: mask must be boolean, got dtype {mask.dtype}")
     if broadcast_shape("masked_fill", a.data, mask) != a.shape:
         raise ValueError(f"masked_fill: mask of shape {mask.shape} does not broadcast to the input's shape {a.shape}")
-    value = as_tensor(value, like=a)
+    value = as_tensor(value)  # (of any dtype: the result keeps a's, as in PyTorch)
     if value.ndim != 0:
         raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got shape {value.shape}")
     return MaskedFill.apply(a, value, mask=mask)
 
 
-def _operands(a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    """Both operands as Tensors; a Python number adopts the other operand's dtype."""
-    if isinstance(a, Tensor):
-        return a, as_tensor(b, like=a)
-    return as_tensor(a, like=b), b
+def _binary(fn: type[Function], a: Any, b: Any) -> Tensor:
+    """``fn`` on both operands as Tensors, computing in the ``result_type`` of the operands as given (once
+    wrapped, a number would count as a 0-d tensor)."""
+    return fn.apply(as_tensor(a), as_tensor(b), dtype=result_type(a, b))
+
+
+def _ints(op: str, name: str, values: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``values`` (a sequence, or one value) as a tuple of ints; bools are refused, as PyTorch refuses them."""
+    values = tuple(values) if isinstance(values, Iterable) else (values,)
+    for v in values:
+        if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer):
+            raise TypeError(
+                f"{op}: {name} {values} must be integers, got {type(v).__name__} {v!r} (input of shape {shape})"
+            )
+    return tuple(int(v) for v in values)
