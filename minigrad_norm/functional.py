@@ -16,7 +16,7 @@ import numpy as np
 from minigrad_norm.backend import kernels_for
 from minigrad_norm.norms import batch_norm, group_norm, instance_norm, layer_norm, rms_norm  # noqa: F401 (re-exported)
 from minigrad_norm.norms._args import array_of
-from minigrad_norm.ops import as_tensor, normalize_axis, reduction_axis, require_real
+from minigrad_norm.ops import as_tensor, cast, normalize_axis, reduction_axis, require_real, result_type
 from minigrad_norm.tensor import Context, Function, Tensor
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -140,7 +140,9 @@ class Linear(Function):
     """
 
     @staticmethod
-    def forward(ctx: Context, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        ctx: Context, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, *, dtype: np.dtype
+    ) -> np.ndarray:
         if weight.ndim != 2:
             raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got shape {weight.shape}")
         if x.ndim == 0 or x.shape[-1] != weight.shape[1]:
@@ -150,6 +152,7 @@ class Linear(Function):
             )
         if bias is not None and bias.shape != (weight.shape[0],):
             raise ValueError(f"linear: bias must have shape ({weight.shape[0]},), got {bias.shape}")
+        x, weight, bias = cast(dtype, x, weight, bias)
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight if ctx.needs_input_grad[0] else None)
         y = x @ weight.T
         return y if bias is None else y + bias
@@ -312,9 +315,8 @@ def _one_axis(op: str, x: Tensor, axis: int | None, dim: int | None) -> int:
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
-    if bias is None:
-        return Linear.apply(as_tensor(input), weight)
-    return Linear.apply(as_tensor(input), weight, bias)
+    operands = (as_tensor(input), weight) if bias is None else (as_tensor(input), weight, bias)
+    return Linear.apply(*operands, dtype=result_type(*operands))  # (matmul's promotion; PyTorch's refuses mixes)
 
 
 def embedding(input: Any, weight: Tensor) -> Tensor:  # noqa: A002

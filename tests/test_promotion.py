@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 
+import minigrad_norm.functional as F
 from minigrad_norm import Tensor, concatenate, gradcheck, numerical_jacobian, ops, stack
 from minigrad_norm.tensor import backprop
 from minigrad_norm.testing import broadcastable_shapes, shapes
@@ -115,6 +116,24 @@ def test_arithmetic_and_comparisons_compute_in_the_result_type(a, b, expected):
 )
 def test_matmul(a, b, expected):
     assert (a @ b).dtype == expected
+
+
+@pytest.mark.parametrize(
+    "x_dtype, w_dtype, b_dtype, expected",
+    [(i64, f32, f32, f32), (f32, f64, f64, f64), (f32, f32, f64, f64), (f64, f32, None, f64), (i64, f64, None, f64)],
+)
+def test_linear_promotes_as_matmul_and_its_gradients_keep_each_dtype(x_dtype, w_dtype, b_dtype, expected):
+    x = Tensor(np.arange(6).reshape(2, 3).astype(x_dtype))
+    w = Tensor(np.ones((4, 3), w_dtype), requires_grad=True)
+    b = None if b_dtype is None else Tensor(np.zeros(4, b_dtype), requires_grad=True)
+    y = F.linear(x, w, b)
+    assert y.dtype == expected
+    y.sum().backward()
+    assert w.grad.dtype == w_dtype
+    np.testing.assert_array_equal(w.grad, np.tile([3.0, 5.0, 7.0], (4, 1)))  # dL/dW[o] = the sum of the rows
+    if b is not None:
+        assert b.grad.dtype == b_dtype
+        np.testing.assert_array_equal(b.grad, [2.0] * 4)
 
 
 @pytest.mark.parametrize(
