@@ -1,12 +1,22 @@
-"""Optimizers (SGD, Adam, AdamW), a warmup schedule and global gradient-norm clipping, as in PyTorch.
+"""Optimizers (SGD, Adam, AdamW) with parameter groups and state dicts, a warmup schedule and global
+gradient-norm clipping, as in PyTorch.
+
+An optimizer's ``param_groups`` is a list of dicts, each holding its parameters under ``"params"`` and every
+hyperparameter (those a group leaves out are the constructor's, ``defaults``), so that groups can differ,
+as in GPT-style training, which leaves norm gains and biases out of the weight decay::
+
+    AdamW([{"params": weights}, {"params": gains_and_biases, "weight_decay": 0.0}], lr=3e-3)
+
+A list of Tensors is one group. Per-parameter state is ``state[p]``, keyed by the Tensor, under PyTorch's
+names (given below); ``state_dict()`` and ``load_state_dict`` use PyTorch's format.
 
 Each optimizer updates its parameters' ``.data`` in place from their
 ``.grad`` (parameters whose grad is None are skipped, as PyTorch does), in
 the parameter's own dtype, and counts the write (``increment_version``), so a
 backward through a graph built before the step raises, as in PyTorch. With g the gradient, p the parameter, lr the
-learning rate and t the step count (from 1):
+learning rate and t the step count (from 1), the hyperparameters being those of p's group:
 
-SGD (``torch.optim.SGD``)::
+SGD (``torch.optim.SGD``; state: b is ``momentum_buffer``, kept when momentum != 0)::
 
     g = g + weight_decay * p                     L2 penalty folded into the gradient
     b = g                     at t = 1           momentum buffer
@@ -14,7 +24,8 @@ SGD (``torch.optim.SGD``)::
     g = g + momentum * b  if nesterov  else  b   (when momentum != 0)
     p = p - lr * g
 
-Adam (``torch.optim.Adam``; weight decay is the L2 penalty, as above)::
+Adam (``torch.optim.Adam``; state: t is ``step``, m ``exp_avg``, v ``exp_avg_sq``; weight decay is the L2
+penalty, as above)::
 
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g^2
@@ -34,60 +45,175 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from itertools import chain
+from typing import Any
 
 import numpy as np
 
 from minigrad_norm.tensor import Tensor, increment_version
 
+# What an optimizer takes: Tensors (one group), or groups {"params": a Tensor or Tensors, **hyperparameters}.
+Params = Iterable[Tensor] | Iterable[dict[str, Any]]
+
 
 class Optimizer:
-    """Holds the parameters and a learning rate ``lr`` (which a schedule may change between steps).
+    """Parameter groups, per-parameter state and the step loop, as ``torch.optim.Optimizer``; a subclass
+    checks its hyperparameters (``check``) and updates one parameter (``update``).
 
-    One group of parameters with one set of hyperparameters: PyTorch's parameter groups (a list of dicts),
-    ``state_dict``/``load_state_dict`` and ``add_param_group`` are not implemented, and a list of dicts is
-    refused with ``TypeError``.
+    ``param_groups``: a list of dicts, each with ``"params"`` (a list of Tensors) and every hyperparameter; a
+    schedule sets each group's ``"lr"`` between steps. ``defaults``: the constructor's hyperparameters.
+    ``state``: a parameter's state (a dict, made at its first step), keyed by the parameter.
     """
 
-    def __init__(self, params: Iterable[Tensor], lr: float) -> None:
+    def __init__(self, params: Params, defaults: dict[str, Any]) -> None:
         name = type(self).__name__
         if isinstance(params, Tensor):
-            raise TypeError(f"{name}: params must be an iterable of Tensors, got a Tensor of shape {params.shape}")
-        self.params = list(params)
-        if not self.params:
+            raise TypeError(
+                f"{name}: params must be an iterable of Tensors or dicts, got a Tensor of shape {params.shape}"
+            )
+        self.check(defaults, name)
+        self.defaults = defaults
+        self.param_groups: list[dict[str, Any]] = []
+        self.state: dict[Tensor, dict[str, Any]] = {}
+        groups = list(params)
+        if not groups:
             raise ValueError(f"{name}: got an empty parameter list")
-        for k, p in enumerate(self.params):
+        for group in groups if isinstance(groups[0], dict) else [{"params": groups}]:
+            self.add_param_group(group)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Append a copy of ``param_group``, ``{"params": a Tensor or Tensors, **hyperparameters}``, to
+        ``param_groups``, the hyperparameters it leaves out taken from ``defaults``. Other keys are kept (as
+        PyTorch keeps them, a schedule's ``initial_lr`` say); the parameters are numbered across the groups in
+        order, in messages as in ``state_dict``."""
+        name, i = type(self).__name__, len(self.param_groups)
+        if not isinstance(param_group, dict):
+            raise TypeError(f"{name}: parameter group {i} is a {type(param_group).__name__}, not a dict")
+        if "params" not in param_group:
+            raise KeyError(f"{name}: parameter group {i} has no 'params'")
+        params = param_group["params"]
+        if isinstance(params, set):  # as PyTorch: the order of a set, and so state_dict's numbering, varies by run
+            raise TypeError(f"{name}: parameter group {i}'s params are a set, whose order varies; pass a list")
+        params = [params] if isinstance(params, Tensor) else list(params)
+        group_of = {p: j for j, group in enumerate(self.param_groups) for p in group["params"]}
+        for k, p in enumerate(params, sum(len(group["params"]) for group in self.param_groups)):
             if not isinstance(p, Tensor):
-                raise TypeError(
-                    f"{name}: parameter {k} is a {type(p).__name__}, not a Tensor (parameter groups, dicts in "
-                    "PyTorch, are not implemented)"
-                )
+                raise TypeError(f"{name}: parameter {k} is a {type(p).__name__}, not a Tensor")
             if not p.is_leaf:
                 raise ValueError(f"{name}: can't optimize a non-leaf Tensor (parameter {k}, shape {p.shape})")
-        if len({id(p) for p in self.params}) < len(self.params):
-            # as PyTorch's warning: each copy would be stepped, with state of its own
+            if p in group_of:
+                raise ValueError(f"{name}: parameter {k} (shape {p.shape}) is in parameter group {group_of[p]} too")
+        if len(set(params)) < len(params):
+            # as PyTorch's warning: each copy is stepped, with the one state of the parameter
             warnings.warn(
-                f"{name}: the parameter list holds a parameter more than once; it is updated once for each copy",
-                stacklevel=3,
+                f"{name}: parameter group {i} holds a parameter more than once; it is updated once for each copy",
+                stacklevel=4,  # the line that made the optimizer (from its constructor)
             )
-        if not lr >= 0.0:  # not `lr < 0.0`, which a nan lr would pass
-            raise ValueError(f"{name}: invalid learning rate lr={lr}")
-        self.lr = lr
+        group = {**self.defaults, **param_group, "params": params}
+        self.check(group, f"{name} parameter group {i}")
+        self.param_groups.append(group)
+
+    def check(self, group: Mapping[str, Any], where: str) -> None:
+        """Raise ValueError, its message starting with ``where``, for a hyperparameter out of range in ``group``
+        (a parameter group or ``defaults``). Each check is written so that nan fails (nan >= 0 is False)."""
+        if not group["lr"] >= 0.0:  # not `lr < 0.0`, which a nan lr would pass
+            raise ValueError(f"{where}: invalid learning rate lr={group['lr']}")
+
+    def _no_lr(self, *_: Any) -> None:
+        raise AttributeError(
+            f"{type(self).__name__} has no single lr: each parameter group has its own, param_groups[i]['lr']"
+        )
+
+    # Reading or writing optimizer.lr raises (in PyTorch a write silently adds an attribute no step reads),
+    # so that code written for one lr (as this package's optimizers had) cannot train at a stale one.
+    lr = property(_no_lr, _no_lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop every gradient (PyTorch's default), or with ``set_to_none=False`` zero them in place."""
-        for p in self.params:
-            p.zero_grad(set_to_none)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.zero_grad(set_to_none)
 
     def step(self) -> None:
-        for i, p in enumerate(self.params):
-            if p.grad is not None:
-                self.update(i, p, p.grad)
-                increment_version(p)  # a backward through a graph built before this step now raises
+        """Update every parameter that has a gradient, with its group's hyperparameters."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.update(p, p.grad, group)
+                    increment_version(p)  # a backward through a graph built before this step now raises
 
-    def update(self, i: int, p: Tensor, grad: np.ndarray) -> None:
-        """Apply one step to parameter number ``i``."""
+    def update(self, p: Tensor, grad: np.ndarray, group: dict[str, Any]) -> None:
+        """Apply one step to ``p`` with ``group``'s hyperparameters, its state in ``self.state[p]``."""
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """PyTorch's format: ``{"state": {index: {name: value}}, "param_groups": [{**hyperparameters, "params":
+        [index, ...]}]}``, the parameters numbered across the groups in order (a repeated one by its first
+        place); only parameters that have state are in ``"state"``, their arrays copied."""
+        index: dict[Tensor, int] = {}
+        for k, p in enumerate(chain.from_iterable(group["params"] for group in self.param_groups)):
+            index.setdefault(p, k)
+        return {
+            "state": {
+                index[p]: {key: np.copy(v) if isinstance(v, np.ndarray) else v for key, v in state.items()}
+                for p, state in self.state.items()
+            },
+            "param_groups": [{**group, "params": [index[p] for p in group["params"]]} for group in self.param_groups],
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Replace the hyperparameters and state with those of ``state_dict`` (from ``state_dict()``, ours or
+        PyTorch's: its CPU tensors are read as arrays), matching parameters by their place in the groups, as
+        PyTorch does.
+
+        State arrays are copied and cast to the parameter's dtype, as PyTorch casts them; ``step`` becomes a
+        Python int (PyTorch keeps a float tensor). Checked first, so that a bad dict changes nothing: the
+        number of groups and of parameters in each, the hyperparameters (as ``add_param_group``), and the
+        shape of each state array.
+        """
+        name, saved = type(self).__name__, state_dict["param_groups"]
+        if len(saved) != len(self.param_groups):
+            raise ValueError(
+                f"{name}: loaded state dict has a different number of parameter groups "
+                f"({len(saved)}, the optimizer {len(self.param_groups)})"
+            )
+        for i, (group, saved_group) in enumerate(zip(self.param_groups, saved, strict=True)):
+            if len(saved_group["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"{name}: loaded state dict contains a parameter group that doesn't match the size of "
+                    f"optimizer's group (group {i}: {len(saved_group['params'])} parameters, the optimizer's "
+                    f"{len(group['params'])})"
+                )
+        groups = [{**s, "params": group["params"]} for group, s in zip(self.param_groups, saved, strict=True)]
+        for i, group in enumerate(groups):
+            self.check(group, f"{name} loaded parameter group {i}")
+        param_of = dict(
+            zip(
+                chain.from_iterable(s["params"] for s in saved),
+                chain.from_iterable(group["params"] for group in groups),
+                strict=True,
+            )
+        )
+        state = {}
+        for k, saved_state in state_dict["state"].items():
+            if k not in param_of:
+                raise ValueError(f"{name}: loaded state dict has state for parameter {k}, which no group lists")
+            p = param_of[k]
+            state[p] = {
+                key: int(value) if key == "step" else _state_array(value, p, f"{name}: loaded {key} of parameter {k}")
+                for key, value in saved_state.items()
+            }
+        self.param_groups, self.state = groups, state
+
+
+def _state_array(value: Any, p: Tensor, where: str) -> np.ndarray:
+    """A copy of ``value`` in ``p``'s dtype (PyTorch casts state to its parameter's dtype), refused unless of
+    ``p``'s shape (a state dict of other parameters would broadcast into the update or fail there)."""
+    array = np.asarray(value).astype(p.dtype)  # (astype copies; np.array(value, dtype) warns on a torch tensor)
+    if array.shape != p.shape:
+        raise ValueError(f"{where} has shape {array.shape}, the parameter {p.shape}")
+    return array
 
 
 class SGD(Optimizer):
@@ -95,35 +221,40 @@ class SGD(Optimizer):
 
     def __init__(
         self,
-        params: Iterable[Tensor],
+        params: Params,
         lr: float = 1e-3,
         momentum: float = 0.0,
         dampening: float = 0.0,
         weight_decay: float = 0.0,
         nesterov: bool = False,
     ) -> None:
-        super().__init__(params, lr)
-        # Written so that nan fails (nan >= 0 is False). PyTorch's SGD accepts nan and trains on nan.
-        if not (momentum >= 0.0 and weight_decay >= 0.0):
-            raise ValueError(f"SGD: momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0")
-        if math.isnan(dampening):
-            raise ValueError("SGD: dampening must be a number, got nan")
-        if nesterov and (momentum <= 0.0 or dampening != 0.0):
-            raise ValueError("SGD: nesterov momentum requires momentum > 0 and dampening = 0")
-        self.momentum, self.dampening, self.weight_decay, self.nesterov = momentum, dampening, weight_decay, nesterov
-        self.buffers: list[np.ndarray | None] = [None] * len(self.params)
+        defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay}
+        super().__init__(params, {**defaults, "nesterov": nesterov})
 
-    def update(self, i: int, p: Tensor, grad: np.ndarray) -> None:
-        g = grad + self.weight_decay * p.data if self.weight_decay else grad
-        if self.momentum:
-            buf = self.buffers[i]
+    def check(self, group: Mapping[str, Any], where: str) -> None:
+        super().check(group, where)
+        momentum, dampening, weight_decay = group["momentum"], group["dampening"], group["weight_decay"]
+        # PyTorch's SGD accepts nan and trains on nan.
+        if not (momentum >= 0.0 and weight_decay >= 0.0):
+            raise ValueError(f"{where}: momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0")
+        if math.isnan(dampening):
+            raise ValueError(f"{where}: dampening must be a number, got nan")
+        if group["nesterov"] and (momentum <= 0.0 or dampening != 0.0):
+            raise ValueError(f"{where}: nesterov momentum requires momentum > 0 and dampening = 0")
+
+    def update(self, p: Tensor, grad: np.ndarray, group: dict[str, Any]) -> None:
+        momentum, weight_decay = group["momentum"], group["weight_decay"]
+        g = grad + weight_decay * p.data if weight_decay else grad
+        if momentum:
+            state = self.state.setdefault(p, {})
+            buf = state.get("momentum_buffer")
             if buf is None:
-                buf = self.buffers[i] = np.array(g, dtype=p.dtype)
+                buf = state["momentum_buffer"] = np.array(g, dtype=p.dtype)
             else:
-                buf *= self.momentum
-                buf += (1 - self.dampening) * g
-            g = g + self.momentum * buf if self.nesterov else buf
-        p.data -= self.lr * g
+                buf *= momentum
+                buf += (1 - group["dampening"]) * g
+            g = g + momentum * buf if group["nesterov"] else buf
+        p.data -= group["lr"] * g
 
 
 class Adam(Optimizer):
@@ -133,38 +264,41 @@ class Adam(Optimizer):
 
     def __init__(
         self,
-        params: Iterable[Tensor],
+        params: Params,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
     ) -> None:
-        super().__init__(params, lr)
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
-        if not (eps >= 0.0 and weight_decay >= 0.0):  # written so that nan fails, as in PyTorch
-            raise ValueError(f"{type(self).__name__}: eps ({eps}) and weight_decay ({weight_decay}) must be >= 0")
-        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
-        self.exp_avg = [np.zeros_like(p.data) for p in self.params]
-        self.exp_avg_sq = [np.zeros_like(p.data) for p in self.params]
-        self.steps = [0] * len(self.params)  # per parameter, as PyTorch's state["step"]
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
-    def update(self, i: int, p: Tensor, grad: np.ndarray) -> None:
-        beta1, beta2 = self.betas
-        self.steps[i] += 1
-        t = self.steps[i]
-        if self.weight_decay:
+    def check(self, group: Mapping[str, Any], where: str) -> None:
+        super().check(group, where)
+        betas, eps, weight_decay = group["betas"], group["eps"], group["weight_decay"]
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"{where}: betas must be in [0, 1), got {betas}")
+        if not (eps >= 0.0 and weight_decay >= 0.0):  # written so that nan fails, as in PyTorch
+            raise ValueError(f"{where}: eps ({eps}) and weight_decay ({weight_decay}) must be >= 0")
+
+    def update(self, p: Tensor, grad: np.ndarray, group: dict[str, Any]) -> None:
+        lr, (beta1, beta2), weight_decay = group["lr"], group["betas"], group["weight_decay"]
+        state = self.state.setdefault(p, {})
+        if not state:  # a parameter's first step, as PyTorch's lazy initialisation
+            state.update(step=0, exp_avg=np.zeros_like(p.data), exp_avg_sq=np.zeros_like(p.data))
+        state["step"] += 1
+        t = state["step"]
+        if weight_decay:
             if self.decoupled:
-                p.data *= 1 - self.lr * self.weight_decay
+                p.data *= 1 - lr * weight_decay
             else:
-                grad = grad + self.weight_decay * p.data
-        m, v = self.exp_avg[i], self.exp_avg_sq[i]
+                grad = grad + weight_decay * p.data
+        m, v = state["exp_avg"], state["exp_avg_sq"]
         m *= beta1
         m += (1 - beta1) * grad
         v *= beta2
         v += (1 - beta2) * grad * grad
-        step_size = self.lr / (1 - beta1**t)
-        denom = np.sqrt(v) / math.sqrt(1 - beta2**t) + self.eps
+        step_size = lr / (1 - beta1**t)
+        denom = np.sqrt(v) / math.sqrt(1 - beta2**t) + group["eps"]
         p.data -= step_size * m / denom
 
 
@@ -175,7 +309,7 @@ class AdamW(Adam):
 
     def __init__(
         self,
-        params: Iterable[Tensor],
+        params: Params,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
@@ -185,10 +319,11 @@ class AdamW(Adam):
 
 
 class WarmupSchedule:
-    """Linear warmup to ``optimizer``'s base lr over ``warmup_steps``, then constant, linear or cosine decay.
+    """Linear warmup to each parameter group's base lr over ``warmup_steps``, then constant, linear or cosine
+    decay.
 
     Call ``step()`` once per optimizer step, before ``optimizer.step()``; the
-    k-th call (k = 1, 2, ...) sets ``lr = base_lr * factor(k)``::
+    k-th call (k = 1, 2, ...) sets every group's ``lr = base_lr * factor(k)``::
 
         factor(k) = k / warmup_steps                               for k <= warmup_steps
         then, with u = (k - 1 - warmup_steps) / (total_steps - warmup_steps):
@@ -199,6 +334,11 @@ class WarmupSchedule:
     reached 0 at the last step, which then did nothing, and a run of one step none at all). The decay is
     that of Hugging Face's ``get_cosine_schedule_with_warmup`` with ``scheduler.step()`` after each step; the
     warmup is 1/w, ..., 1 rather than its 0, ..., (w-1)/w, whose first step is lost.
+
+    The lrs are those of ``torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: factor(e + 1))`` stepped
+    after each step. As in PyTorch's schedulers, a group's base lr is its ``"initial_lr"``, set to its
+    ``"lr"`` if it has none: a schedule made after ``load_state_dict`` starts from the saved base lrs, not
+    from the lrs the saved groups had decayed to.
     """
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int = 0, decay: str = "constant") -> None:
@@ -208,7 +348,10 @@ class WarmupSchedule:
             raise ValueError(f"WarmupSchedule: warmup_steps must be >= 0, got {warmup_steps}")
         if decay != "constant" and not total_steps > warmup_steps:
             raise ValueError(f"WarmupSchedule: total_steps ({total_steps}) must exceed warmup_steps ({warmup_steps})")
-        self.optimizer, self.base_lr = optimizer, optimizer.lr
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.optimizer = optimizer
+        self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         self.warmup_steps, self.total_steps, self.decay = warmup_steps, total_steps, decay
         self.count = 0
 
@@ -220,10 +363,19 @@ class WarmupSchedule:
         u = min(1.0, (k - 1 - self.warmup_steps) / (self.total_steps - self.warmup_steps))
         return 1.0 - u if self.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * u))
 
-    def step(self) -> float:
+    def step(self) -> list[float]:
+        """Set the lr of the next optimizer step, in every group; return the lrs (PyTorch's ``get_last_lr()``)."""
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.base_lrs):  # PyTorch's schedulers leave a group added later at its lr
+            raise ValueError(
+                f"WarmupSchedule: the optimizer has {len(groups)} parameter groups, {len(self.base_lrs)} when the "
+                "schedule was made; make the schedule after add_param_group"
+            )
         self.count += 1
-        self.optimizer.lr = self.base_lr * self.factor(self.count)
-        return self.optimizer.lr
+        factor = self.factor(self.count)
+        for group, base_lr in zip(groups, self.base_lrs, strict=True):
+            group["lr"] = base_lr * factor
+        return [group["lr"] for group in groups]
 
 
 def global_norm(arrays: Iterable[np.ndarray], norm_type: float = 2.0) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -78,7 +79,7 @@ def test_adamw_decay_is_decoupled_from_the_gradient() -> None:
     p = param([2.0, -4.0])
     run(Adam([p], lr=lr, weight_decay=wd), p, [[0.0, 0.0]])
     np.testing.assert_allclose(p.data, [2.0 - lr, -4.0 + lr], rtol=1e-7)  # lr * sign(wd * p)
-    assert AdamW([param([0.0])]).weight_decay == 0.01  # PyTorch's default
+    assert AdamW([param([0.0])]).param_groups[0]["weight_decay"] == 0.01  # PyTorch's default
 
 
 def test_adamw_decays_before_its_step() -> None:
@@ -107,7 +108,7 @@ def test_parameters_without_grad_are_skipped_and_state_is_per_parameter() -> Non
     opt = Adam([a, b], lr=0.1)
     a.grad = np.array([1.0])
     opt.step()
-    assert b.data[0] == 1.0 and opt.steps == [1, 0]
+    assert b.data[0] == 1.0 and opt.state[a]["step"] == 1 and b not in opt.state
     a.grad, b.grad = np.array([1.0]), np.array([1.0])
     opt.step()
     assert b.data[0] == pytest.approx(1.0 - 0.1)  # b's first step: bias correction with t = 1
@@ -126,16 +127,16 @@ def test_float32_parameters_stay_float32() -> None:
 def test_warmup_schedule() -> None:
     opt = SGD([param([0.0])], lr=1.0)
     s = WarmupSchedule(opt, warmup_steps=4)
-    assert [s.step() for _ in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [s.step() for _ in range(6)] == [[0.25], [0.5], [0.75], [1.0], [1.0], [1.0]]  # the lr of each group
     opt = SGD([param([0.0])], lr=2.0)
     s = WarmupSchedule(opt, warmup_steps=2, total_steps=6, decay="linear")
     # the decay counts from the step before: the last of the 6 steps still moves (0.5), 0 would be the 7th
-    assert [s.step() for _ in range(8)] == pytest.approx([1.0, 2.0, 2.0, 1.5, 1.0, 0.5, 0.0, 0.0])
+    assert [s.step()[0] for _ in range(8)] == pytest.approx([1.0, 2.0, 2.0, 1.5, 1.0, 0.5, 0.0, 0.0])
     opt = SGD([param([0.0])], lr=1.0)
     s = WarmupSchedule(opt, warmup_steps=1, total_steps=3, decay="cosine")
-    assert [s.step() for _ in range(3)] == pytest.approx([1.0, 1.0, 0.5])  # (1 + cos(pi u)) / 2, u = 0, 1/2
+    assert [s.step()[0] for _ in range(3)] == pytest.approx([1.0, 1.0, 0.5])  # (1 + cos(pi u)) / 2, u = 0, 1/2
     s = WarmupSchedule(SGD([param([0.0])], lr=1.0), warmup_steps=0, total_steps=1, decay="cosine")
-    assert s.step() == 1.0  # a run of one step moves
+    assert s.step() == [1.0]  # a run of one step moves
     with pytest.raises(ValueError, match="total_steps"):
         WarmupSchedule(opt, 5, 5, decay="cosine")
 
@@ -178,10 +179,10 @@ def test_bad_arguments() -> None:
         AdamW([])
     with pytest.raises(ValueError, match=r"SGD: can't optimize a non-leaf Tensor \(parameter 0, shape \(1,\)\)"):
         SGD([param([0.0]) * 2.0], lr=0.1)
-    with pytest.raises(TypeError, match="SGD: params must be an iterable of Tensors, got a Tensor of shape"):
+    with pytest.raises(TypeError, match="SGD: params must be an iterable of Tensors or dicts, got a Tensor of shape"):
         SGD(param([0.0]), lr=0.1)
-    with pytest.raises(TypeError, match="parameter 0 is a dict, not a Tensor .parameter groups"):
-        SGD([{"params": [param([0.0])], "lr": 0.1}], lr=0.1)
+    with pytest.raises(TypeError, match="SGD: parameter 1 is a dict, not a Tensor"):  # Tensors, then a group
+        SGD([param([0.0]), {"params": [param([0.0])], "lr": 0.1}], lr=0.1)
     with pytest.raises(ValueError, match="nesterov"):
         SGD([param([0.0])], lr=0.1, nesterov=True)
 
@@ -214,7 +215,260 @@ def test_nan_hyperparameters_are_refused(make) -> None:
 
 
 def test_a_parameter_listed_twice_is_warned_about_as_in_pytorch():
-    """It is stepped once for each copy, each with state of its own: twice the step, silently, until now."""
+    """It is stepped once for each copy (with its one state, as PyTorch): twice the step, silently, until then."""
     p = Tensor(np.ones(2), requires_grad=True)
-    with pytest.warns(UserWarning, match="SGD: the parameter list holds a parameter more than once"):
+    with pytest.warns(UserWarning, match="SGD: parameter group 0 holds a parameter more than once"):
         SGD([p, p], lr=0.1)
+    with pytest.warns(UserWarning, match="Adam: parameter group 1 holds a parameter more than once"):
+        Adam([{"params": [param([0.0])]}, {"params": [p, p]}])
+
+
+# -- parameter groups and state dicts ----------------------------------------------------------------------
+
+
+def test_each_group_steps_with_its_own_hyperparameters_the_rest_the_defaults() -> None:
+    """The GPT-style split: weights decay, norm gains and biases (weight_decay 0) do not; zero gradients, so
+    AdamW only shrinks p by (1 - lr wd)."""
+    w, gain = param([2.0, -4.0]), param([1.0])
+    opt = AdamW([{"params": [w]}, {"params": gain, "weight_decay": 0.0}], lr=0.1, weight_decay=0.5)
+    assert opt.defaults == {"lr": 0.1, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.5}
+    assert opt.param_groups == [
+        {**opt.defaults, "params": [w]},
+        {**opt.defaults, "weight_decay": 0.0, "params": [gain]},  # a lone Tensor becomes a list
+    ]
+    for _ in range(2):
+        w.grad, gain.grad = np.zeros(2), np.zeros(1)
+        opt.step()
+    np.testing.assert_allclose(w.data, np.array([2.0, -4.0]) * (1 - 0.1 * 0.5) ** 2, rtol=1e-15)
+    assert gain.data[0] == 1.0
+    a, b = param([0.0]), param([0.0])
+    opt = SGD([{"params": [a], "lr": 0.5}, {"params": [b]}], lr=0.1)  # a group's lr, then the default
+    a.grad, b.grad = np.array([1.0]), np.array([1.0])
+    opt.step()
+    assert a.data[0] == -0.5 and b.data[0] == -0.1
+
+
+@pytest.mark.parametrize("make", [lambda ps: SGD(ps, lr=0.1), lambda ps: AdamW(ps, lr=0.1)], ids=["sgd", "adamw"])
+def test_optimizer_lr_raises_rather_than_being_silently_ignored(make) -> None:
+    p = param([1.0])
+    opt = make([p])
+    with pytest.raises(AttributeError, match=r"no single lr: .*param_groups\[i\]\['lr'\]"):
+        opt.lr = 0.0  # would otherwise leave the groups' lr at 0.1
+    with pytest.raises(AttributeError, match="no single lr"):
+        _ = opt.lr
+    assert opt.param_groups[0]["lr"] == 0.1
+
+
+def test_add_param_group_steps_the_new_parameters_from_then_on() -> None:
+    a, b = param([0.0]), param([0.0])
+    opt = SGD([a], lr=0.1, momentum=0.9)
+    opt.add_param_group({"params": b, "lr": 1.0, "extra": "kept"})  # unknown keys are kept, as in PyTorch
+    defaults = {"lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}
+    assert opt.param_groups[1] == {**defaults, "lr": 1.0, "extra": "kept", "params": [b]}
+    a.grad, b.grad = np.array([1.0]), np.array([2.0])
+    opt.step()
+    assert a.data[0] == -0.1 and b.data[0] == -2.0
+    opt.zero_grad()  # every group's
+    assert a.grad is None and b.grad is None
+
+
+def test_state_is_keyed_by_the_parameter_under_pytorch_s_names() -> None:
+    a, b = param([1.0, 2.0]), param([3.0])
+    adam = Adam([{"params": [a]}, {"params": [b]}], lr=0.1)
+    a.grad = np.array([0.5, -0.5])
+    adam.step()
+    adam.step()
+    assert list(adam.state) == [a] and list(adam.state[a]) == ["step", "exp_avg", "exp_avg_sq"]
+    assert adam.state[a]["step"] == 2 and type(adam.state[a]["step"]) is int
+    np.testing.assert_allclose(adam.state[a]["exp_avg"], (1 - 0.9**2) * a.grad, rtol=1e-15)
+    sgd = SGD([a, b], lr=0.1, momentum=0.9)
+    sgd.step()
+    assert list(sgd.state) == [a] and sgd.state[a]["momentum_buffer"].tolist() == [0.5, -0.5]
+    plain = SGD([a, b], lr=0.1)
+    plain.step()
+    assert plain.state == {}  # no momentum, no state (as PyTorch's)
+
+
+def test_a_step_in_any_group_is_counted_so_an_older_graph_cannot_backward() -> None:
+    a, b = param([1.0]), param([2.0])
+    loss = (a * b).sum()
+    opt = SGD([{"params": [a]}, {"params": [b], "lr": 0.5}], lr=0.1)
+    b.grad = np.array([1.0])
+    opt.step()
+    with pytest.raises(RuntimeError, match="was modified in place after the forward"):
+        loss.backward()
+
+
+def two_groups(cls, **kwargs):
+    rng = np.random.default_rng(3)
+    params = [param(rng.standard_normal(s)) for s in [(3, 2), (2,), (4,)]]
+    groups = [{"params": params[:2]}, {"params": params[2:], "lr": 0.05, "weight_decay": 0.0}]
+    return params, cls(groups, **kwargs)
+
+
+ROUND_TRIPS = [
+    (SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.1}),
+    (SGD, {"lr": 0.1, "momentum": 0.8, "dampening": 0.3}),
+    (Adam, {"lr": 0.01, "weight_decay": 0.1}),
+    (AdamW, {"lr": 0.01, "betas": (0.8, 0.99), "weight_decay": 0.2}),
+]
+
+
+def steps(params, opt, grads) -> None:
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = None if g is None else g.copy()
+        opt.step()
+
+
+@pytest.mark.parametrize(("cls", "kwargs"), ROUND_TRIPS)
+def test_state_dict_round_trip_continues_bit_for_bit(cls, kwargs) -> None:
+    """3 steps, save, a fresh optimizer on fresh copies loads it, 3 more: equal to 6 steps without the break."""
+    rng = np.random.default_rng(4)
+    shapes = [(3, 2), (2,), (4,)]
+    grads = [[rng.standard_normal(s) for s in shapes] for _ in range(6)]
+    grads[1][2] = None  # a parameter without a gradient on one step: its step count lags behind
+    grads[0][1] = None  # and one whose state starts at the second step
+    params, opt = two_groups(cls, **kwargs)
+    steps(params, opt, grads)
+    resumed, first = two_groups(cls, **kwargs)
+    steps(resumed, first, grads[:3])
+    saved = first.state_dict()
+    copies = [param(p.data.copy()) for p in resumed]
+    second = cls([{"params": copies[:2]}, {"params": copies[2:]}], lr=1.0)  # hyperparameters come from the dict
+    second.load_state_dict(saved)
+    assert second.param_groups[1]["lr"] == 0.05 and second.param_groups[1]["params"] == copies[2:]
+    steps(copies, second, grads[3:])
+    for p, q in zip(params, copies, strict=True):
+        np.testing.assert_array_equal(p.data, q.data)
+
+
+def test_state_dict_is_pytorch_s_format_and_a_copy_both_ways() -> None:
+    params, opt = two_groups(AdamW, lr=0.01)
+    params[0].grad, params[2].grad = np.ones((3, 2)), np.ones(4)
+    opt.step()
+    saved = opt.state_dict()
+    assert saved["param_groups"] == [
+        {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01, "params": [0, 1]},
+        {"lr": 0.05, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": [2]},
+    ]
+    assert list(saved["state"]) == [0, 2] and saved["state"][2]["step"] == 1
+    saved["state"][0]["exp_avg"] += 1.0  # the returned arrays are copies
+    assert opt.state[params[0]]["exp_avg"][0, 0] == pytest.approx(0.1)
+    opt.load_state_dict(saved)
+    saved["state"][0]["exp_avg"] += 1.0  # and so are the loaded ones
+    assert opt.state[params[0]]["exp_avg"][0, 0] == pytest.approx(1.1)
+
+
+def test_load_state_dict_casts_to_the_parameter_s_dtype_and_the_step_to_int() -> None:
+    p = Tensor(np.ones(2, dtype=np.float32), requires_grad=True)
+    opt = Adam([p])
+    opt.load_state_dict(
+        {
+            "state": {0: {"step": np.float32(3.0), "exp_avg": np.full(2, 0.1), "exp_avg_sq": [0.01, 0.02]}},
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": [0]}],
+        }
+    )
+    state = opt.state[p]
+    assert state["step"] == 3 and type(state["step"]) is int
+    assert state["exp_avg"].dtype == np.float32 and state["exp_avg_sq"].dtype == np.float32
+    p.grad = np.ones(2, dtype=np.float32)
+    opt.step()
+    assert state["step"] == 4 and p.dtype == np.float32
+
+
+A = param([0.0])
+
+
+def sgd_groups(*groups: object, lr: float = 0.1):
+    return lambda: SGD(list(groups), lr=lr)
+
+
+GROUP_ERRORS = [
+    (
+        sgd_groups({"params": [A]}, {"params": [param([1.0]), A]}),
+        ValueError,
+        "SGD: parameter 2 (shape (1,)) is in parameter group 0 too",
+    ),
+    (sgd_groups({"params": [A]}, {"lr": 0.1}), KeyError, "SGD: parameter group 1 has no 'params'"),
+    (sgd_groups({"params": [A]}, [param([0.0])]), TypeError, "SGD: parameter group 1 is a list, not a dict"),
+    (sgd_groups({"params": {A}}), TypeError, "SGD: parameter group 0's params are a set"),
+    (sgd_groups({"params": [A]}, {"params": ["w"]}), TypeError, "SGD: parameter 1 is a str, not a Tensor"),
+    (sgd_groups({"params": [A * 2.0]}), ValueError, "SGD: can't optimize a non-leaf Tensor (parameter 0"),
+    (sgd_groups({"params": [A], "lr": NAN}), ValueError, "SGD parameter group 0: invalid learning rate lr=nan"),
+    (sgd_groups({"params": [A], "lr": 0.1}, lr=-1.0), ValueError, "SGD: invalid learning rate lr=-1.0"),  # defaults too
+    (sgd_groups({"params": [A], "momentum": NAN}), ValueError, "SGD parameter group 0: momentum (nan)"),
+    (sgd_groups({"params": [A], "momentum": 0.9, "dampening": NAN}), ValueError, "SGD parameter group 0: dampening"),
+    (sgd_groups({"params": [A], "nesterov": True}), ValueError, "SGD parameter group 0: nesterov momentum requires"),
+    (
+        lambda: Adam([{"params": [A]}, {"params": [param([0.0])], "betas": (0.9, NAN)}]),
+        ValueError,
+        "Adam parameter group 1: betas must be in [0, 1), got (0.9, nan)",
+    ),
+    (lambda: Adam([{"params": [A], "eps": NAN}]), ValueError, "Adam parameter group 0: eps (nan)"),
+    (
+        lambda: AdamW([{"params": [A], "weight_decay": NAN}]),
+        ValueError,
+        "AdamW parameter group 0: eps (1e-08) and weight_decay (nan)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "error", "message"), GROUP_ERRORS)
+def test_bad_parameter_groups_are_refused_naming_the_optimizer_and_the_problem(make, error, message) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        make()
+
+
+def test_add_param_group_refuses_a_parameter_already_in_a_group() -> None:
+    a = param([0.0])
+    opt = Adam([a])
+    with pytest.raises(ValueError, match=r"Adam: parameter 1 \(shape \(1,\)\) is in parameter group 0 too"):
+        opt.add_param_group({"params": [a]})
+    with pytest.raises(ValueError, match="Adam parameter group 1: invalid learning rate lr=nan"):
+        opt.add_param_group({"params": [param([0.0])], "lr": NAN})
+    assert len(opt.param_groups) == 1
+
+
+def test_bad_state_dicts_are_refused_and_change_nothing() -> None:
+    params, opt = two_groups(Adam, lr=0.01)
+    for p in params:
+        p.grad = np.ones(p.shape)
+    opt.step()
+    good = opt.state_dict()
+    groups, state = opt.param_groups, opt.state
+    one_group = {"state": {}, "param_groups": [{**good["param_groups"][0], "params": [0, 1, 2]}]}
+    sizes = {"state": {}, "param_groups": [{**good["param_groups"][0], "params": [0]}, good["param_groups"][1]]}
+    nan_lr = {**good, "param_groups": [good["param_groups"][0], {**good["param_groups"][1], "lr": NAN}]}
+    wrong_shape = {**good, "state": {**good["state"], 1: {**good["state"][1], "exp_avg": np.zeros(3)}}}
+    stray = {**good, "state": {**good["state"], 7: good["state"][2]}}
+    for bad, message in [
+        (one_group, r"Adam: loaded state dict has a different number of parameter groups \(1, the optimizer 2\)"),
+        (
+            sizes,
+            r"Adam: loaded state dict contains a parameter group that doesn't match the size of optimizer's group "
+            r"\(group 0: 1 parameters, the optimizer's 2\)",
+        ),
+        (nan_lr, "Adam loaded parameter group 1: invalid learning rate lr=nan"),
+        (wrong_shape, r"Adam: loaded exp_avg of parameter 1 has shape \(3,\), the parameter \(2,\)"),
+        (stray, "Adam: loaded state dict has state for parameter 7, which no group lists"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            opt.load_state_dict(bad)
+        assert opt.param_groups is groups and opt.state is state
+
+
+def test_warmup_schedule_sets_every_group_from_its_own_base_lr() -> None:
+    a, b = param([0.0]), param([0.0])
+    opt = SGD([{"params": [a]}, {"params": [b], "lr": 0.5}], lr=2.0)
+    s = WarmupSchedule(opt, warmup_steps=2, total_steps=4, decay="linear")
+    assert [group["initial_lr"] for group in opt.param_groups] == [2.0, 0.5]  # the base lrs, as PyTorch keeps them
+    assert [s.step() for _ in range(4)] == [[1.0, 0.25], [2.0, 0.5], [2.0, 0.5], [1.0, 0.25]]
+    assert [group["lr"] for group in opt.param_groups] == [1.0, 0.25]
+    resumed = SGD([{"params": [a]}, {"params": [b]}], lr=0.1)
+    resumed.load_state_dict(opt.state_dict())
+    s = WarmupSchedule(resumed, warmup_steps=2)
+    assert s.base_lrs == [2.0, 0.5] and s.step() == [1.0, 0.25]  # from the saved base lrs, not the decayed lrs
+    resumed.add_param_group({"params": [param([0.0])]})
+    with pytest.raises(ValueError, match="WarmupSchedule: the optimizer has 3 parameter groups, 2 when the schedule"):
+        s.step()

@@ -210,8 +210,7 @@ def test_optimizer_steps_match_torch(ours_cls, torch_cls, kwargs, dtype) -> None
     opt, topt = ours_cls(ours, **kwargs), torch_cls(theirs, **kwargs, foreach=False)
     for step in range(6):
         lr = kwargs["lr"] * (0.5 + 0.1 * step)  # a changing learning rate, as under a schedule
-        opt.lr = lr
-        for group in topt.param_groups:
+        for group in opt.param_groups + topt.param_groups:
             group["lr"] = lr
         for k, (p, tp) in enumerate(zip(ours, theirs, strict=True)):
             if step == 2 and k == 1:  # a parameter without a gradient this step is skipped by both

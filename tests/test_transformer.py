@@ -531,7 +531,7 @@ def test_a_run_shorter_than_its_warmup_still_warms_up(monkeypatch) -> None:
     step = AdamW.step
 
     def recording_step(self: AdamW) -> None:
-        lrs.append(self.lr)
+        lrs.append(self.param_groups[0]["lr"])
         step(self)
 
     monkeypatch.setattr(AdamW, "step", recording_step)

@@ -1,0 +1,124 @@
+"""Parameter groups, state dicts and the warmup schedule against torch.optim (float64)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is the optional cross-check peer for optimizers")
+
+from minigrad_norm.optim import SGD, Adam, AdamW, WarmupSchedule  # noqa: E402
+from minigrad_norm.tensor import Tensor  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+SHAPES = [(3, 4), (4,), (2, 2, 3), (5,)]
+
+# Two groups: the first with the defaults, the second (norm gains and biases, say) with no weight decay and its own
+# lr. The rows hold (ours, torch's, the constructor's arguments).
+OPTIMIZERS = [
+    (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.1}),
+    (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.1}),
+    (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.8, "dampening": 0.3}),
+    (Adam, torch.optim.Adam, {"lr": 1e-2, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}),
+    (AdamW, torch.optim.AdamW, {"lr": 3e-2, "betas": (0.9, 0.95), "weight_decay": 0.2}),
+]
+IDS = ["sgd", "sgd-nesterov", "sgd-dampening", "adam", "adamw"]
+
+
+def groups(params: list) -> list[dict[str, Any]]:
+    return [{"params": params[:3]}, {"params": params[3:], "lr": 0.02, "weight_decay": 0.0}]
+
+
+def gradients(steps: int) -> list[list[np.ndarray | None]]:
+    """A gradient per parameter and step; parameter 1 has none at step 2, and parameter 3 none at step 0 (its state
+    starts a step late)."""
+    rng = np.random.default_rng(0)
+    grads: list[list[np.ndarray | None]] = [[rng.standard_normal(s) for s in SHAPES] for _ in range(steps)]
+    grads[2][1] = grads[0][3] = None
+    return grads
+
+
+def make(ours_cls, torch_cls, kwargs):
+    rng = np.random.default_rng(1)
+    ours = [Tensor(rng.standard_normal(s), requires_grad=True) for s in SHAPES]
+    theirs = [torch.tensor(p.data.copy(), requires_grad=True) for p in ours]
+    return ours, theirs, ours_cls(groups(ours), **kwargs), torch_cls(groups(theirs), **kwargs, foreach=False)
+
+
+def step_both(ours, theirs, opt, topt, grads) -> None:
+    for step_grads in grads:
+        for p, tp, g in zip(ours, theirs, step_grads, strict=True):
+            p.grad, tp.grad = (None, None) if g is None else (g.copy(), torch.tensor(g))
+        opt.step()
+        topt.step()
+
+
+def assert_same(ours, theirs, rtol: float = 1e-12) -> None:
+    for p, tp in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(p.data, tp.detach().numpy(), rtol=rtol, atol=rtol)
+
+
+def to_torch(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Our state dict with its arrays as tensors (the step stays a number: torch's load makes it a tensor)."""
+    state = {
+        k: {key: torch.tensor(v) if isinstance(v, np.ndarray) else v for key, v in s.items()}
+        for k, s in state_dict["state"].items()
+    }
+    return {"state": state, "param_groups": state_dict["param_groups"]}
+
+
+@pytest.mark.parametrize(("ours_cls", "torch_cls", "kwargs"), OPTIMIZERS, ids=IDS)
+def test_parameter_groups_step_as_torch(ours_cls, torch_cls, kwargs) -> None:
+    ours, theirs, opt, topt = make(ours_cls, torch_cls, kwargs)
+    step_both(ours, theirs, opt, topt, gradients(6))
+    assert_same(ours, theirs)
+    state, torch_state = opt.state_dict(), topt.state_dict()
+    assert list(state["state"]) == list(torch_state["state"])  # the same parameters have state, numbered alike
+    for k, s in state["state"].items():
+        assert list(s) == list(torch_state["state"][k])  # under the same names
+        for key, value in s.items():
+            np.testing.assert_allclose(value, torch_state["state"][k][key].numpy(), rtol=1e-12, atol=1e-15)
+    for group, torch_group in zip(state["param_groups"], torch_state["param_groups"], strict=True):
+        assert group == {key: torch_group[key] for key in group}  # ours are a subset of torch's keys
+
+
+@pytest.mark.parametrize(("ours_cls", "torch_cls", "kwargs"), OPTIMIZERS, ids=IDS)
+def test_state_dicts_load_into_each_other(ours_cls, torch_cls, kwargs) -> None:
+    """3 steps in one framework, its state dict loaded into the other's fresh optimizer, 3 more steps there."""
+    grads = gradients(6)
+    ours, theirs, opt, topt = make(ours_cls, torch_cls, kwargs)
+    step_both(ours, theirs, opt, topt, grads[:3])
+    ours2, theirs2, opt2, topt2 = make(ours_cls, torch_cls, {**kwargs, "lr": 1.0})  # the lr comes from the dict
+    for p, q, tp, tq in zip(ours, ours2, theirs, theirs2, strict=True):
+        q.data[...] = p.data
+        with torch.no_grad():
+            tq.copy_(tp)
+    topt2.load_state_dict(to_torch(opt.state_dict()))  # ours into torch
+    opt2.load_state_dict(topt.state_dict())  # torch's into ours, as it is (its tensors read as arrays)
+    step_both(ours, theirs2, opt, topt2, grads[3:])
+    step_both(ours2, theirs, opt2, topt, grads[3:])
+    assert_same(ours, theirs2)
+    assert_same(ours2, theirs)
+    assert all(type(s["step"]) is int for s in opt2.state.values() if "step" in s)
+
+
+@pytest.mark.parametrize(
+    ("warmup", "total", "decay"), [(3, 0, "constant"), (2, 7, "linear"), (3, 8, "cosine"), (0, 5, "cosine")]
+)
+def test_warmup_schedule_sets_each_group_as_lambda_lr(warmup, total, decay) -> None:
+    """Ours steps before each optimizer step, LambdaLR after: the k-th step (from 1) runs at factor(k) both ways."""
+    ours, theirs, opt, topt = make(AdamW, torch.optim.AdamW, {"lr": 1e-2})
+    schedule = WarmupSchedule(opt, warmup, total, decay)
+    torch_schedule = torch.optim.lr_scheduler.LambdaLR(topt, lambda e: schedule.factor(e + 1))
+    for step_grads in gradients(10):
+        lrs = schedule.step()
+        assert lrs == [group["lr"] for group in topt.param_groups]
+        assert math.isclose(lrs[1], 0.02 * schedule.factor(schedule.count), rel_tol=1e-15)
+        step_both(ours, theirs, opt, topt, [step_grads])
+        torch_schedule.step()
+    assert_same(ours, theirs)
+    assert [g["initial_lr"] for g in opt.param_groups] == [g["initial_lr"] for g in topt.param_groups] == [1e-2, 0.02]
