@@ -24,18 +24,22 @@ _GELU_TANH_C = 0.044715
 
 
 class ReLU(Function):
-    """y = max(x, 0);  dL/dx = g where x > 0, else 0 (0 at x = 0, as PyTorch)."""
+    """y = max(x, 0);  dL/dx = g where y > 0 (that is, x > 0), else 0 (0 at x = 0, as PyTorch).
+
+    Saved: y, not x, as PyTorch saves it: a step on a parameter fed straight into relu does not touch y.
+    """
 
     @staticmethod
     def forward(ctx: Context, x: np.ndarray) -> np.ndarray:
         require_real("relu", x)
-        ctx.save_for_backward(x)
-        return np.maximum(x, np.zeros((), dtype=x.dtype))
+        y = np.maximum(x, np.zeros((), dtype=x.dtype))
+        ctx.save_for_backward(y)
+        return y
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
-        (x,) = ctx.saved_tensors
-        return np.where(x > 0, g, np.zeros((), dtype=g.dtype))
+        (y,) = ctx.saved_tensors
+        return np.where(y > 0, g, np.zeros((), dtype=g.dtype))
 
 
 class GELU(Function):

@@ -496,12 +496,13 @@ class GetItem(Function):
 
     dL/da is zero except where a was read: there ``g`` is scattered back with
     ``np.add.at``, so an element read several times (a repeated index) gets
-    the sum of its gradients.
+    the sum of its gradients. The index arrays are copied, so that a later
+    write into them cannot send the gradient elsewhere than what was read.
     """
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray, index: Any) -> np.ndarray:
-        ctx.index, ctx.shape = index, a.shape
+        ctx.index, ctx.shape = _copy_arrays(index), a.shape
         try:
             return a[index]
         except IndexError as e:
@@ -515,6 +516,13 @@ class GetItem(Function):
         else:
             np.add.at(da, ctx.index, g)
         return da
+
+
+def _copy_arrays(index: Any) -> Any:
+    """``index`` with each ndarray in it copied."""
+    if isinstance(index, tuple):
+        return tuple(_copy_arrays(i) for i in index)
+    return np.copy(index) if isinstance(index, np.ndarray) else index
 
 
 def _is_basic_index(index: Any) -> bool:

@@ -79,9 +79,13 @@ _versions: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def _owner(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
+    while True:
+        base = a.base
+        if not isinstance(base, np.ndarray):  # as_strided's views keep their array one object further down
+            base = getattr(base, "base", None)
+        if not isinstance(base, np.ndarray):
+            return a
+        a = base
 
 
 def _version_of(a: np.ndarray) -> int:
@@ -89,14 +93,21 @@ def _version_of(a: np.ndarray) -> int:
     return 0 if entry is None else entry[1]
 
 
-def increment_version(t: Tensor | np.ndarray) -> None:
-    """Record that the memory of ``t`` (a Tensor's ``.data``, or an array) was written in place.
+def increment_version(t: Tensor | np.ndarray | Sequence[Tensor | np.ndarray]) -> None:
+    """Record that the memory of ``t`` (a Tensor's ``.data``, an array, or each of a list of them) was
+    written in place.
 
     A backward that needs an array saved before the write then raises ``RuntimeError`` instead of
     computing the gradient from the new values. The optimizers and ``load_state_dict`` call it; call it
     after writing into ``.data`` yourself (as ``torch.autograd.graph.increment_version``: PyTorch's
     in-place ops count their writes, but a write through ``.data`` is not counted, there or here).
     """
+    if isinstance(t, list | tuple):  # as PyTorch's, which takes an iterable of tensors too
+        for item in t:
+            increment_version(item)
+        return
+    if not isinstance(t, Tensor | np.ndarray):
+        raise TypeError(f"increment_version: expected a Tensor, an ndarray or a list of them, got {type(t).__name__}")
     owner = _owner(t.data if isinstance(t, Tensor) else t)
     key = id(owner)
     entry = _versions.get(key)
@@ -453,14 +464,17 @@ class Tensor:
 
 
 def backprop(
-    root: Tensor, gradient: Any = None, retain_graph: bool = False, keep: Sequence[Tensor] = ()
+    root: Tensor, gradient: Any = None, retain_graph: bool = False, inputs: Sequence[Tensor] | None = None
 ) -> dict[int, tuple[Tensor, np.ndarray]]:
     """Run the chain rule from ``root`` down the tape.
 
-    Returns ``{id(t): (t, dL/dt)}`` for the leaves reached, the tensors that
-    retain their grad, and those in ``keep``; an intermediate gradient is
-    dropped as soon as its op has used it. This is the engine behind
-    ``Tensor.backward`` and ``grad``; it writes no ``.grad`` itself.
+    Returns ``{id(t): (t, dL/dt)}`` for the leaves reached and the tensors
+    that retain their grad, or, given ``inputs``, for those; an intermediate
+    gradient is dropped as soon as its op has used it. Given ``inputs``, only
+    the ops on a path from ``root`` down to one of them run, as in
+    ``torch.autograd.grad``: another op's backward would be wasted work, and
+    could refuse a saved array written since its forward. This is the engine
+    behind ``Tensor.backward`` and ``grad``; it writes no ``.grad`` itself.
     """
     if not root.requires_grad:
         raise RuntimeError(
@@ -475,7 +489,10 @@ def backprop(
             )
         gradient = np.ones_like(root.data)
     else:
-        gradient = np.asarray(gradient.data if isinstance(gradient, Tensor) else gradient)
+        try:
+            gradient = np.asarray(gradient.data if isinstance(gradient, Tensor) else gradient)
+        except ValueError as e:  # a ragged nested list
+            raise ValueError(f"backward: gradient is not an array of numbers: {e}") from None
         if gradient.dtype.kind not in "biuf":  # (a cast would drop a complex gradient's imaginary part)
             raise TypeError(
                 f"backward: gradient has dtype {gradient.dtype}, but the output (shape {root.shape}, dtype "
@@ -485,14 +502,23 @@ def backprop(
         if gradient.shape != root.shape:
             raise RuntimeError(f"backward: gradient has shape {gradient.shape} but the output has shape {root.shape}")
 
-    kept = {id(t) for t in keep}
+    order = _topological_order(root)
+    runs = reaches = None
+    if inputs is not None:
+        reaches = {id(t) for t in inputs}  # the tensors from which the tape leads down to an input
+        runs = set()  # the ops whose backward is on such a path
+        for t in order:  # inputs before outputs
+            if t._ctx is not None and any(id(i) in reaches for i in t._ctx.inputs if isinstance(i, Tensor)):
+                runs.add(id(t))
+                reaches.add(id(t))
+    kept = {id(t) for t in inputs or ()}
     grads: dict[int, tuple[Tensor, np.ndarray]] = {id(root): (root, gradient)}
-    for t in reversed(_topological_order(root)):
+    for t in reversed(order):
         ctx = t._ctx
-        if ctx is None or id(t) not in grads:
+        if ctx is None or id(t) not in grads or (runs is not None and id(t) not in runs):
             continue
         g = grads[id(t)][1]
-        if not (t._retains_grad or id(t) in kept):
+        if not (id(t) in kept or (inputs is None and t._retains_grad)):
             del grads[id(t)]
         input_grads = ctx.fn.backward(ctx, g)
         if not isinstance(input_grads, tuple):
@@ -502,7 +528,7 @@ def backprop(
                 f"{ctx.fn.__name__}.backward returned {len(input_grads)} gradients for {len(ctx.inputs)} inputs"
             )
         for k, (inp, needs, ig) in enumerate(zip(ctx.inputs, ctx.needs_input_grad, input_grads)):
-            if not needs or ig is None:
+            if not needs or ig is None or (reaches is not None and id(inp) not in reaches):
                 continue
             if not isinstance(ig, np.ndarray | np.generic):
                 raise TypeError(
@@ -552,7 +578,7 @@ def grad(
             raise RuntimeError(
                 f"grad: one of the differentiated Tensors does not require grad: input {k}, of shape {t.shape}"
             )
-    grads = backprop(output, gradient, retain_graph, keep=inputs)
+    grads = backprop(output, gradient, retain_graph, inputs=inputs)
     # np.array copies: a backward may hand back a read-only broadcast view, or the caller's own `gradient`
     return tuple(np.array(grads[id(t)][1], dtype=t.dtype) if id(t) in grads else np.zeros_like(t.data) for t in inputs)
 

@@ -93,6 +93,11 @@ def test_a_gradient_that_is_not_real_numbers_is_refused(gradient):
         (x * 2.0).backward(gradient)
 
 
+def test_a_ragged_gradient_is_named():
+    with pytest.raises(ValueError, match="backward: gradient is not an array of numbers"):
+        (leaf([1.0, 2.0]) * 2.0).backward([1.0, [2.0]])
+
+
 def test_a_gradient_of_integers_or_bools_is_cast_to_the_output_s_dtype_as_in_pytorch():
     x = leaf([1.0, 2.0], dtype=np.float32)
     (x * 2.0).backward(np.array([3, 0]))

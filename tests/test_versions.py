@@ -9,10 +9,12 @@ import gc
 
 import numpy as np
 import pytest
+from numpy.lib.stride_tricks import sliding_window_view
 
 import minigrad_norm as mg
 import minigrad_norm.functional as F
 from minigrad_norm import Function, Tensor, increment_version, nn
+from minigrad_norm.nn import Module, Parameter
 from minigrad_norm.optim import SGD, Adam, AdamW
 from minigrad_norm.tensor import _versions
 
@@ -128,6 +130,99 @@ def test_the_count_of_an_array_is_dropped_with_the_array():
     assert len(_versions) == before
 
 
+def test_increment_version_takes_a_list_and_refuses_what_is_not_an_array():
+    a, b = leaf([1.0]), np.ones(2)
+    increment_version([a, b])
+    assert a._version == 1 and Tensor(b)._version == 1
+    for bad in (None, 1.0, np.float64(1.0), "w"):
+        with pytest.raises(TypeError, match=f"increment_version: expected a Tensor, .* got {type(bad).__name__}"):
+            increment_version(bad)
+
+
+class NeighbourProducts(Function):
+    """y[i] = a[i] a[i + 1], saving a sliding-window view of a (as_strided: its base is not an ndarray)."""
+
+    @staticmethod
+    def forward(ctx, a):
+        w = sliding_window_view(a, 2)
+        ctx.save_for_backward(w)
+        return w[:, 0] * w[:, 1]
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        d = np.zeros(len(w) + 1)
+        d[:-1] += g * w[:, 1]
+        d[1:] += g * w[:, 0]
+        return d
+
+
+def test_a_strided_view_reaches_the_count_of_its_array():
+    a = leaf([1.0, 2.0, 3.0])
+    loss = NeighbourProducts.apply(a).sum()
+    step(OPTIMIZERS["sgd"], [a])
+    with pytest.raises(RuntimeError, match="NeighbourProducts.backward: saved array 0 .* modified in place"):
+        loss.backward()
+
+
+class Permutation(Module):
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(np.array([1.0, 2.0, 3.0]))
+        self.register_buffer("perm", np.array([0, 1, 2]))
+
+    def forward(self):
+        return self.w[self.perm]
+
+
+def test_an_index_written_after_the_forward_does_not_move_the_gradient():
+    # the forward copies its index arrays: the gradient goes where the forward read (PyTorch raises instead)
+    m = Permutation()
+    loss = (m() * Tensor(np.array([1.0, 10.0, 100.0]))).sum()
+    m.load_state_dict({"perm": np.array([2, 1, 0])}, strict=False)
+    loss.backward()
+    np.testing.assert_array_equal(m.w.grad, [1.0, 10.0, 100.0])
+    x, mask = leaf([1.0, 2.0, 3.0]), np.array([True, False, True])
+    loss = x[mask].sum()
+    mask[...] = [False, True, False]
+    loss.backward()
+    np.testing.assert_array_equal(x.grad, [1.0, 0.0, 1.0])
+
+
+def test_a_norm_mask_written_after_the_forward_does_not_change_the_gradient():
+    rng = np.random.default_rng(5)
+    x, c = leaf(rng.normal(size=(1, 2, 6))), Tensor(rng.normal(size=(1, 2, 6)))
+    mask = np.array([[True] * 4 + [False] * 2])
+    loss = (F.instance_norm(x, mask=mask) * c).sum()
+    expected = mg.grad(loss, x, retain_graph=True)[0]
+    assert np.all(expected[..., 4:] == 0) and np.all(expected[..., :4] != 0)
+    mask[0, 4:] = True
+    increment_version(mask)
+    loss.backward()
+    np.testing.assert_array_equal(x.grad, expected)
+
+
+def test_resetting_the_running_statistics_is_counted():
+    bn = nn.BatchNorm1d(3, dtype=np.float64)
+    bn.running_mean[...] = [1.0, 2.0, 3.0]
+    w = leaf(np.ones(3))
+    loss = (w * Tensor(bn.running_mean)).sum()  # a Tensor sharing the buffer
+    bn.reset_running_stats()
+    with pytest.raises(RuntimeError, match="Mul.backward: saved array 1 .* modified in place"):
+        loss.backward()
+
+
+def test_grad_runs_only_the_ops_on_a_path_to_its_inputs():
+    # as torch.autograd.grad: w's op is off the path to x, so its written saved array does not matter
+    w, x = leaf([1.0, 2.0]), leaf([3.0, 4.0])
+    loss = (w * w).sum() + (x * x).sum()
+    step(OPTIMIZERS["sgd"], [w])
+    (dx,) = mg.grad(loss, x)
+    np.testing.assert_array_equal(dx, [6.0, 8.0])
+    with pytest.raises(RuntimeError, match="Mul.backward: .*modified in place"):
+        mg.grad(loss, w)
+
+
 class Float64Gradient(Function):
     """y = 2 x, whose backward returns float64 whatever x's dtype."""
 
@@ -174,6 +269,7 @@ PROGRAMS = {  # name: (ours, torch's), each f(w, x) -> a scalar loss; w[:2] is a
     "mul": (lambda w, x: (w[:2] * x).sum(), lambda w, x, t: (w[:2] * x).sum()),
     "add": (lambda w, x: ((w[:2] + x) * x).sum(), lambda w, x, t: ((w[:2] + x) * x).sum()),
     "exp": (lambda w, x: (w[:2].exp() * x).sum(), lambda w, x, t: (w[:2].exp() * x).sum()),
+    "relu": (lambda w, x: (F.relu(w[:2]) * x).sum(), lambda w, x, t: (t.relu(w[:2]) * x).sum()),
 }
 # whether the backward raises, with x requiring grad and with x a constant (w is then saved for no gradient)
 RAISES = {
@@ -183,6 +279,7 @@ RAISES = {
     ("mul", True): True,
     ("add", True): False,
     ("exp", True): False,
+    ("relu", True): False,  # relu saves its output, as PyTorch's
 }
 
 

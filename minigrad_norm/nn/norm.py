@@ -32,7 +32,7 @@ from minigrad_norm.norms._args import (
     check_normalized_shape,
     check_writeable,
 )
-from minigrad_norm.tensor import Tensor
+from minigrad_norm.tensor import Tensor, increment_version
 
 
 def _param(value: float, shape: tuple[int, ...], dtype: Any) -> Parameter:
@@ -138,6 +138,7 @@ class _NormBase(Module):
             self.running_mean[...] = 0
             self.running_var[...] = 1
             self.num_batches_tracked[...] = 0
+            increment_version([self.running_mean, self.running_var, self.num_batches_tracked])
 
     def _input(self, x: Any) -> Tensor:
         """``x`` as a Tensor of one of the accepted ranks (as PyTorch's ``_check_input_dim``)."""

@@ -134,6 +134,8 @@ class Normalize(Function):
             running.update(mean, var, group_count(view, reduce_batch, mask))
         rstd = 1.0 / np.sqrt(var + eps)
         ctx.save_for_backward(x4, mean, rstd, w2)
+        # the mask copied, as the given statistics are: a later write into it cannot reach the backward
+        mask = None if mask is None else mask.copy()
         ctx.options = {"centered": centered, "reduce_batch": reduce_batch, "mask": mask}
         ctx.fixed_stats = stats is not None
         return y.reshape(x.shape)
