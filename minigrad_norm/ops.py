@@ -21,6 +21,7 @@ type promotion; its forward casts the arrays to it first.
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -52,6 +53,21 @@ def as_tensor(value: Any) -> Tensor:
     return value if isinstance(value, Tensor) else Tensor(value)
 
 
+def number_dtype(number: int | float | complex) -> np.dtype:
+    """The dtype a number (``as_number``) counts as in type promotion: its category's default."""
+    if isinstance(number, complex | np.complexfloating):
+        return np.dtype(np.complex128)
+    return np.dtype(np.float64 if isinstance(number, float | np.floating) else np.int64)
+
+
+def as_operand(value: Any) -> Tensor:
+    """An operand as a Tensor; a number as a 0-d one of its ``number_dtype`` (a float16 or longdouble NumPy
+    scalar too, whose own dtype no Tensor holds): the op casts it to its ``result_type`` anyway."""
+    if not isinstance(value, Tensor) and (number := as_number(value)) is not None:
+        return Tensor(np.asarray(number, dtype=number_dtype(number)))
+    return as_tensor(value)
+
+
 # bool < integer < floating < complex
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
@@ -76,7 +92,7 @@ def result_type(*operands: Any) -> np.dtype:
             x = as_tensor(x)
             groups[0 if x.ndim else 1].append(x.dtype)
         else:
-            groups[2].append(np.dtype(next(t for t in (complex, float, int) if isinstance(number, t))))
+            groups[2].append(number_dtype(number))
     result = None
     for group in reversed(groups):
         if not group:
@@ -328,7 +344,8 @@ class Sum(Function):
     @staticmethod
     def forward(ctx: Context, a: np.ndarray, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
         ctx.axes, ctx.keepdims, ctx.shape = normalize_axis("sum", axis, a.shape), keepdims, a.shape
-        return np.sum(a, axis=ctx.axes, keepdims=keepdims)
+        # integers sum in int64, as in PyTorch (NumPy sums unsigned ones in uint64)
+        return np.sum(a, axis=ctx.axes, keepdims=keepdims, dtype=np.int64 if a.dtype.kind == "u" else None)
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
@@ -588,6 +605,7 @@ def add(a: Any, b: Any) -> Tensor:
 
 
 def sub(a: Any, b: Any) -> Tensor:
+    _refuse_bool("sub", "subtraction, the - operator,", a, b)
     return _binary(Sub, a, b)
 
 
@@ -606,7 +624,15 @@ def pow(a: Any, b: Any) -> Tensor:  # noqa: A001  (the ** operator)
 
 
 def neg(a: Tensor) -> Tensor:
+    _refuse_bool("neg", "negation, the - operator,", a)
     return Neg.apply(a)
+
+
+def _refuse_bool(op: str, what: str, *operands: Any) -> None:
+    """As PyTorch: a bool tensor is a mask, not a number to subtract (use ~ or logical_xor)."""
+    for x in operands:
+        if isinstance(x, Tensor | np.ndarray) and x.dtype == np.bool_:
+            raise TypeError(f"{op}: {what} with a bool tensor (shape {x.shape}) is not supported; use ~ or ^")
 
 
 def matmul(a: Any, b: Any) -> Tensor:
@@ -657,14 +683,18 @@ def abs(a: Tensor) -> Tensor:  # noqa: A001
 def compare(op: str, a: Any, b: Any) -> Tensor:
     """Elementwise comparison: a boolean Tensor outside the graph (it has no gradient)."""
     dtype = result_type(a, b)
-    a, b = as_tensor(a).data, as_tensor(b).data
-    require_real(op, a, b)
+    a, b = as_operand(a).data, as_operand(b).data
+    if op not in ("equal", "not_equal"):  # complex numbers are equal or not, but have no order
+        require_real(op, a, b)
     broadcast_shape(op, a, b)
     return Tensor(getattr(np, op)(*cast(dtype, a, b)))
 
 
 def reshape(a: Tensor, shape: Sequence[int]) -> Tensor:
-    return Reshape.apply(a, shape=_ints("reshape", "shape", shape, a.shape))
+    shape = _ints("reshape", "shape", shape, a.shape)
+    if any(n < -1 for n in shape):  # (NumPy reads any negative size as -1)
+        raise ValueError(f"reshape: invalid size in shape {shape} (input of shape {a.shape}): only -1 may be negative")
+    return Reshape.apply(a, shape=shape)
 
 
 def permute(a: Tensor, dims: Sequence[int]) -> Tensor:
@@ -714,16 +744,32 @@ def masked_fill(a: Tensor, mask: Any, value: float | Tensor) -> Tensor:
         raise TypeError(f"masked_fill: mask must be boolean, got dtype {mask.dtype}")
     if broadcast_shape("masked_fill", a.data, mask) != a.shape:
         raise ValueError(f"masked_fill: mask of shape {mask.shape} does not broadcast to the input's shape {a.shape}")
-    value = as_tensor(value)  # (of any dtype: the result keeps a's, as in PyTorch)
+    value = as_operand(value)  # (of any dtype: the result keeps a's, as in PyTorch)
     if value.ndim != 0:
         raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got shape {value.shape}")
+    if not _holds(a.dtype, value.data.item()):  # NumPy's cast would drop an imaginary part, or wrap around
+        raise RuntimeError(f"masked_fill: value {value.data.item()} cannot be converted to the input's dtype {a.dtype}")
     return MaskedFill.apply(a, value, mask=mask)
+
+
+def _holds(dtype: np.dtype, x: bool | int | float | complex) -> bool:
+    """Whether ``dtype`` can hold the number ``x`` (as PyTorch decides for a fill value): no complex in a real
+    dtype, no nan, inf or out-of-range value in an integer one, no finite one beyond a float's range (inf
+    and nan are floats; a fraction is truncated into an integer, as PyTorch's)."""
+    if dtype.kind == "b":
+        return True
+    if isinstance(x, complex):
+        return dtype.kind == "c"
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return math.isfinite(x) and info.min <= x <= info.max
+    return not math.isfinite(x) or builtins.abs(x) <= float(np.finfo(dtype).max)
 
 
 def _binary(fn: type[Function], a: Any, b: Any) -> Tensor:
     """``fn`` on both operands as Tensors, computing in the ``result_type`` of the operands as given (once
     wrapped, a number would count as a 0-d tensor)."""
-    return fn.apply(as_tensor(a), as_tensor(b), dtype=result_type(a, b))
+    return fn.apply(as_operand(a), as_operand(b), dtype=result_type(a, b))
 
 
 def _ints(op: str, name: str, values: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
