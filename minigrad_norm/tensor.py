@@ -528,7 +528,7 @@ def backprop(
                 f"{ctx.fn.__name__}.backward returned {len(input_grads)} gradients for {len(ctx.inputs)} inputs"
             )
         for k, (inp, needs, ig) in enumerate(zip(ctx.inputs, ctx.needs_input_grad, input_grads)):
-            if not needs or ig is None or (reaches is not None and id(inp) not in reaches):
+            if not needs or ig is None:
                 continue
             if not isinstance(ig, np.ndarray | np.generic):
                 raise TypeError(
@@ -544,6 +544,8 @@ def backprop(
                     f"{ctx.fn.__name__}.backward returned a gradient of shape {ig.shape} for an "
                     f"input of shape {inp.shape}"
                 )
+            if reaches is not None and id(inp) not in reaches:  # off every path to grad()'s inputs
+                continue
             if ig.dtype != inp.dtype:  # as PyTorch's engine: each gradient in its input's dtype
                 ig = ig.astype(inp.dtype)
             if id(inp) in grads:  # a tensor used by several ops: sum over the paths
