@@ -7,8 +7,10 @@ raise, or both do not, on the same program.
 
 import gc
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import event, given
 from numpy.lib.stride_tricks import sliding_window_view
 
 import minigrad_norm as mg
@@ -310,3 +312,68 @@ def test_pytorch_raises_on_the_same_programs(name, x_grad):
         np.testing.assert_allclose(w.grad, tw.grad.numpy(), rtol=1e-12)
         if x_grad:
             np.testing.assert_allclose(x.grad, tx.grad.numpy(), rtol=1e-12)
+
+
+# -- never silently wrong: random programs, a step between forward and backward -------------------------
+def _params(rng):
+    return {
+        "w": leaf(rng.normal(size=(3, 4))),
+        "v": leaf(rng.normal(size=(4, 4))),
+        "g": leaf(1.0 + 0.1 * rng.normal(size=4)),
+        "b": leaf(rng.normal(size=4)),
+    }
+
+
+# each takes the pool's last tensor h (3, 4), one other tensor o of the pool (3, 4) and the parameters p
+STEPS = {
+    "add": lambda h, o, p: h + o,
+    "sub": lambda h, o, p: o - h,
+    "mul": lambda h, o, p: h * o,
+    "div": lambda h, o, p: h / (o * o + 1.0),
+    "square": lambda h, o, p: h**2,
+    "exp": lambda h, o, p: (0.1 * h).exp(),
+    "tanh": lambda h, o, p: h.tanh(),
+    "sqrt": lambda h, o, p: (h * h + 1.0).sqrt(),
+    "log": lambda h, o, p: (h * h + 1.0).log(),
+    "relu": lambda h, o, p: F.relu(h),
+    "gelu": lambda h, o, p: F.gelu(h),
+    "softmax": lambda h, o, p: F.softmax(h, axis=-1),
+    "matmul": lambda h, o, p: h @ p["v"],
+    "linear": lambda h, o, p: F.linear(h, p["v"], p["b"]),
+    "layer_norm": lambda h, o, p: F.layer_norm(h, (4,), p["g"], p["b"]),
+    "rms_norm": lambda h, o, p: F.rms_norm(h, (4,), p["g"]),
+    "scale": lambda h, o, p: h * p["g"] + p["b"],
+    "permute_columns": lambda h, o, p: h[:, np.array([2, 0, 3, 1])],
+    "row_of_v": lambda h, o, p: h * p["v"][1],
+    "masked_fill": lambda h, o, p: h.masked_fill(np.array([True, False, False, True]), 0.5),
+    "transpose_twice": lambda h, o, p: h.T.reshape(4, 3).T,
+}
+
+
+@given(
+    program=st.lists(st.tuples(st.sampled_from(sorted(STEPS)), st.integers(0, 10)), min_size=1, max_size=6),
+    stepped=st.lists(st.sampled_from(["w", "v", "g", "b"]), min_size=1, max_size=4, unique=True),
+    seed=st.integers(0, 2**16),
+)
+def test_a_step_between_forward_and_backward_raises_or_leaves_the_gradient_as_it_was(program, stepped, seed):
+    # the property users rely on: a backward after a step either raises, or gives exactly the gradient
+    # that a backward before the step gave; never one computed from the stepped values
+    rng = np.random.default_rng(seed)
+    p = _params(rng)
+    pool = [p["w"], leaf(rng.normal(size=(3, 4)))]
+    for name, pick in program:
+        pool.append(STEPS[name](pool[-1], pool[pick % len(pool)], p))
+    loss = sum((t * Tensor(rng.normal(size=(3, 4)))).sum() for t in pool[2:])
+    before = mg.grad(loss, list(p.values()), retain_graph=True)
+    for name in stepped:
+        p[name].grad = rng.normal(size=p[name].shape)
+    SGD([p[name] for name in stepped], lr=0.5).step()
+    try:
+        after = mg.grad(loss, list(p.values()))
+    except RuntimeError as e:
+        assert "modified in place" in str(e)
+        event("refused")
+        return
+    event("compared")
+    for name, b, a in zip(p, before, after, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=name)
