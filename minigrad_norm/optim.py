@@ -119,6 +119,16 @@ class Optimizer:
         (a parameter group or ``defaults``). Each check is written so that nan fails (nan >= 0 is False)."""
         if not group["lr"] >= 0.0:  # not `lr < 0.0`, which a nan lr would pass
             raise ValueError(f"{where}: invalid learning rate lr={group['lr']}")
+        for key, value in self.fixed_options().items():
+            if key in group and group[key] != value:
+                raise ValueError(
+                    f"{where}: {key}={group[key]!r} is not implemented ({type(self).__name__} steps as {key}={value!r})"
+                )
+
+    def fixed_options(self) -> dict[str, Any]:
+        """PyTorch's options that change the update, at the one value this optimizer computes: a group (from a
+        PyTorch state dict, say) holding another value is refused, rather than stepped as if it did not."""
+        return {"maximize": False}
 
     def _no_lr(self, *_: Any) -> None:
         raise AttributeError(
@@ -279,6 +289,10 @@ class Adam(Optimizer):
             raise ValueError(f"{where}: betas must be in [0, 1), got {betas}")
         if not (eps >= 0.0 and weight_decay >= 0.0):  # written so that nan fails, as in PyTorch
             raise ValueError(f"{where}: eps ({eps}) and weight_decay ({weight_decay}) must be >= 0")
+
+    def fixed_options(self) -> dict[str, Any]:
+        # (PyTorch's Adam takes decoupled_weight_decay=True to be AdamW, and its state dicts say which they are)
+        return {**super().fixed_options(), "amsgrad": False, "decoupled_weight_decay": self.decoupled}
 
     def update(self, p: Tensor, grad: np.ndarray, group: dict[str, Any]) -> None:
         lr, (beta1, beta2), weight_decay = group["lr"], group["betas"], group["weight_decay"]

@@ -259,6 +259,15 @@ def test_optimizer_lr_raises_rather_than_being_silently_ignored(make) -> None:
     assert opt.param_groups[0]["lr"] == 0.1
 
 
+def test_a_group_asking_for_an_update_we_do_not_compute_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"Adam parameter group 0: amsgrad=True is not implemented"):
+        Adam([{"params": [param([1.0])], "amsgrad": True}])
+    with pytest.raises(ValueError, match=r"AdamW parameter group 1: decoupled_weight_decay=False is not"):
+        AdamW([{"params": [param([1.0])]}, {"params": [param([2.0])], "decoupled_weight_decay": False}])
+    opt = SGD([{"params": [param([1.0])], "maximize": False, "foreach": None}], lr=0.1)  # the values we compute
+    assert opt.param_groups[0]["foreach"] is None
+
+
 def test_add_param_group_steps_the_new_parameters_from_then_on() -> None:
     a, b = param([0.0]), param([0.0])
     opt = SGD([a], lr=0.1, momentum=0.9)

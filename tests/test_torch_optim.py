@@ -122,3 +122,25 @@ def test_warmup_schedule_sets_each_group_as_lambda_lr(warmup, total, decay) -> N
         torch_schedule.step()
     assert_same(ours, theirs)
     assert [g["initial_lr"] for g in opt.param_groups] == [g["initial_lr"] for g in topt.param_groups] == [1e-2, 0.02]
+
+
+@pytest.mark.parametrize(
+    ("torch_cls", "torch_kwargs", "ours_cls", "option"),
+    [
+        (torch.optim.Adam, {"amsgrad": True}, Adam, "amsgrad=True"),
+        (torch.optim.SGD, {"lr": 0.1, "maximize": True}, SGD, "maximize=True"),
+        (torch.optim.AdamW, {}, Adam, "decoupled_weight_decay=True"),  # PyTorch's AdamW into our Adam
+        (torch.optim.Adam, {}, AdamW, "decoupled_weight_decay=False"),
+    ],
+)
+def test_a_torch_state_dict_with_an_update_we_do_not_compute_is_refused(torch_cls, torch_kwargs, ours_cls, option):
+    # it was loaded and its option ignored: the steps after it then differed from PyTorch's, silently
+    tp = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+    topt = torch_cls([tp], **torch_kwargs)
+    tp.grad = torch.ones_like(tp)
+    topt.step()
+    p = Tensor(np.ones(2), requires_grad=True)
+    opt = ours_cls([p])
+    with pytest.raises(ValueError, match=rf"loaded parameter group 0: {option} is not implemented"):
+        opt.load_state_dict(topt.state_dict())
+    assert opt.state == {} and "amsgrad" not in opt.param_groups[0]  # nothing was loaded
