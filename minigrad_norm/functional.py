@@ -138,9 +138,8 @@ class Linear(Function):
 
     dL/dx = g @ W,  dL/dW = sum over rows of g^T x,  dL/db = sum over rows of g.
 
-    Saved: x only if W wants a gradient, W only if x does (as PyTorch's saves), so that a frozen
-    layer keeps no activation alive, and a step on W before the backward is refused only where
-    the backward would read W.
+    Saved: x only if W wants a gradient, W only if x does (as PyTorch's saves), so that a step on W
+    before the backward is refused only where the backward would read W.
     """
 
     @staticmethod

@@ -211,20 +211,27 @@ class Sub(Function):
 
 
 class Mul(Function):
-    """y = a * b;  dL/da = g * b,  dL/db = g * a."""
+    """y = a * b;  dL/da = g * b,  dL/db = g * a.
+
+    Saved: b only for a's gradient, a only for b's, as PyTorch saves them, so that a step on a
+    parameter w before the backward of ``w * x`` is refused only where the backward reads w (when x
+    wants a gradient). (The inputs themselves stay alive anyway, in ``ctx.inputs``.)
+    """
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
         broadcast_shape("mul", a, b)
+        ctx.shapes = np.shape(a), np.shape(b)
         a, b = cast(dtype, a, b)  # saved cast: g * an int64 mask would be float64 for a float32 g
-        ctx.save_for_backward(a, b)
+        need_a, need_b = ctx.needs_input_grad
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
         return a * b
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
         a, b = ctx.saved_tensors
-        da = unbroadcast(g * b, np.shape(a)) if ctx.needs_input_grad[0] else None
-        db = unbroadcast(g * a, np.shape(b)) if ctx.needs_input_grad[1] else None
+        da = unbroadcast(g * b, ctx.shapes[0]) if ctx.needs_input_grad[0] else None
+        db = unbroadcast(g * a, ctx.shapes[1]) if ctx.needs_input_grad[1] else None
         return da, db
 
 
@@ -237,7 +244,7 @@ class Div(Function):
         ctx.shapes = np.shape(a), np.shape(b)
         a, b = cast(floating(dtype), a, b)
         y = a / b
-        ctx.save_for_backward(b, y)
+        ctx.save_for_backward(b, y if ctx.needs_input_grad[1] else None)  # (y only for b's gradient)
         return y
 
     @staticmethod
@@ -265,7 +272,7 @@ class Pow(Function):
         broadcast_shape("pow", a, b)
         a, b = cast(dtype, a, b)
         y = a**b
-        ctx.save_for_backward(a, b, y)
+        ctx.save_for_backward(a, b, y if ctx.needs_input_grad[1] else None)  # (y only for b's gradient)
         return y
 
     @staticmethod
@@ -318,22 +325,25 @@ class MatMul(Function):
             raise ValueError(
                 f"matmul: batch dimensions of shapes {a.shape} and {b.shape} cannot be broadcast together"
             ) from None
+        ctx.shapes = a.shape, b.shape
         a, b = cast(dtype, a, b)
-        ctx.save_for_backward(a, b)
+        need_a, need_b = ctx.needs_input_grad
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)  # (each for the other's gradient)
         return a @ b
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
         a, b = ctx.saved_tensors
-        a2 = a[None, :] if a.ndim == 1 else a
-        b2 = b[:, None] if b.ndim == 1 else b
-        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-        g2 = g.reshape(*batch, a2.shape[-2], b2.shape[-1])  # g with the vectors' axes put back
+        shape_a, shape_b = ctx.shapes
+        shape_a2 = (1, *shape_a) if len(shape_a) == 1 else shape_a  # a vector a as a row
+        shape_b2 = (*shape_b, 1) if len(shape_b) == 1 else shape_b  # a vector b as a column
+        batch = np.broadcast_shapes(shape_a2[:-2], shape_b2[:-2])
+        g2 = g.reshape(*batch, shape_a2[-2], shape_b2[-1])  # g with the vectors' axes put back
         da = db = None
         if ctx.needs_input_grad[0]:
-            da = unbroadcast(g2 @ np.swapaxes(b2, -1, -2), a2.shape).reshape(a.shape)
+            da = unbroadcast(g2 @ np.swapaxes(b.reshape(shape_b2), -1, -2), shape_a2).reshape(shape_a)
         if ctx.needs_input_grad[1]:
-            db = unbroadcast(np.swapaxes(a2, -1, -2) @ g2, b2.shape).reshape(b.shape)
+            db = unbroadcast(np.swapaxes(a.reshape(shape_a2), -1, -2) @ g2, shape_b2).reshape(shape_b)
         return da, db
 
 

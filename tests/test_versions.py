@@ -272,6 +272,9 @@ PROGRAMS = {  # name: (ours, torch's), each f(w, x) -> a scalar loss; w[:2] is a
     "add": (lambda w, x: ((w[:2] + x) * x).sum(), lambda w, x, t: ((w[:2] + x) * x).sum()),
     "exp": (lambda w, x: (w[:2].exp() * x).sum(), lambda w, x, t: (w[:2].exp() * x).sum()),
     "relu": (lambda w, x: (F.relu(w[:2]) * x).sum(), lambda w, x, t: (t.relu(w[:2]) * x).sum()),
+    "matmul": (lambda w, x: ((x @ w) ** 2).sum(), lambda w, x, t: ((x @ w) ** 2).sum()),
+    "div": (lambda w, x: (w[:2] / (x * x + 1.0)).sum(), lambda w, x, t: (w[:2] / (x * x + 1.0)).sum()),
+    "square": (lambda w, x: (w[:2] ** 2 * x).sum(), lambda w, x, t: (w[:2] ** 2 * x).sum()),
 }
 # whether the backward raises, with x requiring grad and with x a constant (w is then saved for no gradient)
 RAISES = {
@@ -282,6 +285,11 @@ RAISES = {
     ("add", True): False,
     ("exp", True): False,
     ("relu", True): False,  # relu saves its output, as PyTorch's
+    ("mul", False): False,  # mul, matmul and div save w only for x's gradient, as PyTorch's
+    ("matmul", True): True,
+    ("matmul", False): False,
+    ("div", False): False,
+    ("square", False): True,  # w ** 2 saves w for its own gradient
 }
 
 
