@@ -178,6 +178,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ("--length", args.length, args.length >= 1, "positive"),
         ("--warmup", args.warmup, args.warmup >= 0, ">= 0"),
         ("--clip", args.clip, args.clip >= 0, ">= 0 (0 = off)"),
+        ("--weight-decay", args.weight_decay, args.weight_decay >= 0, ">= 0"),
     ]
     error = _model_args_error(args) or _limits_error(limits)
     fields = TrainConfig.__dataclass_fields__
@@ -370,6 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=50,
         help="linear warmup steps before the cosine decay, cut to --steps - 1 in a shorter run (default 50)",
+    )
+    train.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's decoupled weight decay (default 0.01)")
+    train.add_argument(
+        "--no-decay-1d",
+        dest="decay_1d",
+        action="store_false",
+        help="no weight decay for the 1-D parameters (biases, norm gains), as GPT-2 trains",
     )
     train.add_argument("--clip", type=float, default=1.0, help="global grad-norm clip, 0 = off (default 1.0)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -18,7 +18,7 @@ import minigrad_norm.functional as F
 from minigrad_norm.data import SequenceTask
 from minigrad_norm.nn.transformer import TransformerLM
 from minigrad_norm.optim import AdamW, WarmupSchedule, clip_grad_norm_
-from minigrad_norm.tensor import no_grad
+from minigrad_norm.tensor import Tensor, no_grad
 
 
 @dataclass
@@ -38,6 +38,7 @@ class TrainConfig:
     lr: float = 3e-3
     warmup: int = 50
     weight_decay: float = 0.01
+    decay_1d: bool = True  # False: the 1-D parameters (biases, norm gains) take no weight decay, as in GPT-2
     clip: float = 1.0
     seed: int = 0
     eval_size: int = 500
@@ -83,6 +84,16 @@ def loss_curve(losses: list[float], points: int = 6) -> dict[int, float]:
     half = max(1, n // 40)
     steps = sorted({round(i * (n - 1) / (points - 1)) for i in range(points)}) if n > 1 else [0] * (n > 0)
     return {s + 1: float(np.mean(losses[max(0, s - half) : s + half + 1])) for s in steps}
+
+
+def decay_groups(params: list[Tensor], decay_1d: bool) -> list[dict[str, Any]]:
+    """One parameter group, or, without ``decay_1d``, two: the matrices (weights, embeddings) with the weight
+    decay, and the 1-D parameters (biases, norm gains and biases) with none, as GPT-2 and nanoGPT train: a
+    decay pulls a norm's gain towards 0, and with it the scale of everything the norm feeds."""
+    if decay_1d:
+        return [{"params": params}]
+    matrices, vectors = [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
+    return [{"params": matrices}, {"params": vectors, "weight_decay": 0.0}]
 
 
 def build_model(cfg: TrainConfig, task: SequenceTask) -> TransformerLM:
@@ -144,7 +155,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     task = SequenceTask(cfg.task, cfg.n_symbols, cfg.length)
     model = build_model(cfg, task)
     params = model.parameters()
-    opt = AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = AdamW(decay_groups(params, cfg.decay_1d), lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = WarmupSchedule(opt, cfg.warmup, cfg.steps, decay="cosine")
     data_rng = np.random.default_rng([cfg.seed, 1])
     losses: list[float] = []

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ from minigrad_norm.nn.module import functional_call
 from minigrad_norm.nn.transformer import MODES, NORMS, deepnorm_constants
 from minigrad_norm.optim import AdamW
 from minigrad_norm.tensor import Tensor, no_grad
-from minigrad_norm.train import TrainConfig, evaluate, greedy_decode, train
+from minigrad_norm.train import TrainConfig, build_model, decay_groups, evaluate, greedy_decode, train
 
 
 def block(mode: str = "pre", norm: str = "layernorm", seed: int = 0, **kw) -> TransformerBlock:
@@ -542,6 +543,31 @@ def test_a_run_shorter_than_its_warmup_still_warms_up(monkeypatch) -> None:
     assert result.config.warmup == 2  # the config reported is the one used
     with pytest.raises(ValueError, match="steps must be positive, got 0"):
         train(TrainConfig(steps=0), progress=False)
+
+
+def test_without_decay_1d_biases_and_norm_gains_take_no_weight_decay(monkeypatch) -> None:
+    groups: list[list[dict]] = []
+    step = AdamW.step
+
+    def recording_step(self: AdamW) -> None:
+        groups.append([dict(g) for g in self.param_groups])
+        step(self)
+
+    monkeypatch.setattr(AdamW, "step", recording_step)
+    cfg = TrainConfig(steps=1, layers=1, d_model=16, heads=2, d_ff=32, batch_size=2, length=4, eval_size=2)
+    train(replace(cfg, weight_decay=0.5), progress=False)
+    train(replace(cfg, weight_decay=0.5, decay_1d=False), progress=False)
+    (everything,), (matrices, vectors) = groups
+    assert everything["weight_decay"] == matrices["weight_decay"] == 0.5 and vectors["weight_decay"] == 0.0
+    assert {p.ndim for p in matrices["params"]} == {2} and {p.ndim for p in vectors["params"]} == {1}
+    assert len(matrices["params"]) + len(vectors["params"]) == len(everything["params"])
+    # by name: each norm's weight and bias, and every Linear's bias, are left undecayed
+    model = build_model(cfg, SequenceTask(cfg.task, cfg.n_symbols, cfg.length))
+    (matrices, vectors) = decay_groups(model.parameters(), decay_1d=False)
+    undecayed = {id(p) for p in vectors["params"]}
+    names = {name for name, p in model.named_parameters() if id(p) in undecayed}
+    assert names == {name for name, p in model.named_parameters() if "norm" in name or name.endswith("bias")}
+    assert main(["train", "--weight-decay", "-1"]) == 2
 
 
 def test_steps_per_second_leave_out_the_first_step(monkeypatch) -> None:
