@@ -7,8 +7,11 @@ as in GPT-style training, which leaves norm gains and biases out of the weight d
 
     AdamW([{"params": weights}, {"params": gains_and_biases, "weight_decay": 0.0}], lr=3e-3)
 
-A list of Tensors is one group. Per-parameter state is ``state[p]``, keyed by the Tensor, under PyTorch's
-names (given below); ``state_dict()`` and ``load_state_dict`` use PyTorch's format.
+A list of Tensors is one group, and so is ``model.named_parameters()``: a group given (name, Tensor) pairs
+keeps the names under ``"param_names"`` (every group named or none, as in PyTorch), which ``state_dict()``
+saves and ``load_state_dict`` restores but never matches parameters by. Per-parameter state is ``state[p]``,
+keyed by the Tensor, under PyTorch's names (given below); ``state_dict()`` and ``load_state_dict`` use
+PyTorch's format.
 
 Each optimizer updates its parameters' ``.data`` in place from their
 ``.grad`` (parameters whose grad is None are skipped, as PyTorch does), in
@@ -53,16 +56,18 @@ import numpy as np
 
 from minigrad_norm.tensor import Tensor, increment_version
 
-# What an optimizer takes: Tensors (one group), or groups {"params": a Tensor or Tensors, **hyperparameters}.
-Params = Iterable[Tensor] | Iterable[dict[str, Any]]
+# What an optimizer takes: Tensors or (name, Tensor) pairs (one group), or groups {"params": a Tensor, Tensors or
+# pairs, **hyperparameters}.
+Params = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
 
 
 class Optimizer:
     """Parameter groups, per-parameter state and the step loop, as ``torch.optim.Optimizer``; a subclass
     checks its hyperparameters (``check``) and updates one parameter (``update``).
 
-    ``param_groups``: a list of dicts, each with ``"params"`` (a list of Tensors) and every hyperparameter; a
-    schedule sets each group's ``"lr"`` between steps. ``defaults``: the constructor's hyperparameters.
+    ``param_groups``: a list of dicts, each with ``"params"`` (a list of Tensors), every hyperparameter and, if
+    given names, ``"param_names"``; a schedule sets each group's ``"lr"`` between steps. ``defaults``: the
+    constructor's hyperparameters.
     ``state``: a parameter's state (a dict, made at its first step), keyed by the parameter.
     """
 
@@ -83,10 +88,11 @@ class Optimizer:
             self.add_param_group(group)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Append a copy of ``param_group``, ``{"params": a Tensor or Tensors, **hyperparameters}``, to
-        ``param_groups``, the hyperparameters it leaves out taken from ``defaults``. Other keys are kept (as
-        PyTorch keeps them, a schedule's ``initial_lr`` say); the parameters are numbered across the groups in
-        order, in messages as in ``state_dict``."""
+        """Append a copy of ``param_group``, ``{"params": a Tensor, Tensors or (name, Tensor) pairs,
+        **hyperparameters}``, to ``param_groups``, the hyperparameters it leaves out taken from ``defaults`` and
+        the names of pairs kept as ``"param_names"``. Other keys are kept (as PyTorch keeps them, a schedule's
+        ``initial_lr`` say); the parameters are numbered across the groups in order, in messages as in
+        ``state_dict``."""
         name, i = type(self).__name__, len(self.param_groups)
         if not isinstance(param_group, dict):
             raise TypeError(f"{name}: parameter group {i} is a {type(param_group).__name__}, not a dict")
@@ -96,6 +102,17 @@ class Optimizer:
         if isinstance(params, set):  # as PyTorch: the order of a set, and so state_dict's numbering, varies by run
             raise TypeError(f"{name}: parameter group {i}'s params are a set, whose order varies; pass a list")
         params = [params] if isinstance(params, Tensor) else list(params)
+        # (name, Tensor) pairs, as named_parameters() gives (PyTorch's test: a tuple): the names are kept for
+        # state_dict, a group naming all its parameters or none, as in PyTorch
+        pairs = [p for p in params if isinstance(p, tuple)]
+        if pairs and len(pairs) < len(params):
+            raise ValueError(f"{name}: parameter group {i} names some of its parameters, not all")
+        if bad := [pair for pair in pairs if len(pair) != 2]:
+            raise TypeError(
+                f"{name}: parameter group {i}: a named parameter is a (name, Tensor) pair, got a tuple of {len(bad[0])}"
+            )
+        names = {"param_names": [n for n, _ in pairs]} if pairs else {}
+        params = [p for _, p in pairs] if pairs else params
         group_of = {p: j for j, group in enumerate(self.param_groups) for p in group["params"]}
         for k, p in enumerate(params, sum(len(group["params"]) for group in self.param_groups)):
             if not isinstance(p, Tensor):
@@ -110,7 +127,14 @@ class Optimizer:
                 f"{name}: parameter group {i} holds a parameter more than once; it is updated once for each copy",
                 stacklevel=4,  # the line that made the optimizer (from its constructor)
             )
-        group = {**self.defaults, **param_group, "params": params}
+        group = {**self.defaults, **param_group, "params": params, **names}
+        named = "param_names" in group  # (as in PyTorch, a group may also bring "param_names" of its own)
+        if self.param_groups and ("param_names" in self.param_groups[0]) != named:
+            # as PyTorch: a state dict's groups are all named or none is
+            raise ValueError(
+                f"{name}: parameter group {i} is {'named' if named else 'unnamed'} and group 0 is not; every group "
+                "must name its parameters (give (name, Tensor) pairs, as named_parameters()) or none"
+            )
         self.check(group, f"{name} parameter group {i}")
         self.param_groups.append(group)
 
@@ -160,7 +184,8 @@ class Optimizer:
     def state_dict(self) -> dict[str, Any]:
         """PyTorch's format: ``{"state": {index: {name: value}}, "param_groups": [{**hyperparameters, "params":
         [index, ...]}]}``, the parameters numbered across the groups in order (a repeated one by its first
-        place); only parameters that have state are in ``"state"``, their arrays copied."""
+        place), a named group's ``"param_names"`` with them; only parameters that have state are in
+        ``"state"``, their arrays copied."""
         index: dict[Tensor, int] = {}
         for k, p in enumerate(chain.from_iterable(group["params"] for group in self.param_groups)):
             index.setdefault(p, k)
@@ -175,7 +200,8 @@ class Optimizer:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Replace the hyperparameters and state with those of ``state_dict`` (from ``state_dict()``, ours or
         PyTorch's: its CPU tensors are read as arrays), matching parameters by their place in the groups, as
-        PyTorch does.
+        PyTorch does: names are not compared. A saved group's ``"param_names"`` replace the optimizer's, and a
+        saved group without them keeps the optimizer's, as in PyTorch.
 
         State arrays are copied and cast to the parameter's dtype, as PyTorch casts them; ``step`` becomes a
         Python int (PyTorch keeps a float tensor). Checked first, so that a bad dict changes nothing: the
@@ -195,7 +221,12 @@ class Optimizer:
                     f"optimizer's group (group {i}: {len(saved_group['params'])} parameters, the optimizer's "
                     f"{len(group['params'])})"
                 )
-        groups = [{**s, "params": group["params"]} for group, s in zip(self.param_groups, saved, strict=True)]
+        groups = []
+        for group, s in zip(self.param_groups, saved, strict=True):
+            loaded = {**s, "params": group["params"]}
+            if "param_names" in s or "param_names" in group:  # a group saved unnamed keeps its names, as in PyTorch
+                loaded["param_names"] = list(s.get("param_names", group.get("param_names")))
+            groups.append(loaded)
         for i, group in enumerate(groups):
             self.check(group, f"{name} loaded parameter group {i}")
         param_of = dict(

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from minigrad_norm.nn import Linear
 from minigrad_norm.optim import SGD, Adam, AdamW, WarmupSchedule, clip_grad_norm_
 from minigrad_norm.tensor import Tensor
 
@@ -481,3 +482,108 @@ def test_warmup_schedule_sets_every_group_from_its_own_base_lr() -> None:
     resumed.add_param_group({"params": [param([0.0])]})
     with pytest.raises(ValueError, match="WarmupSchedule: the optimizer has 3 parameter groups, 2 when the schedule"):
         s.step()
+
+
+# -- named parameters -------------------------------------------------------------------------------------
+
+
+def linears() -> tuple[Linear, Linear]:
+    """Two equal Linear(3, 2) in float64."""
+    a, b = (Linear(3, 2, dtype=np.float64, rng=np.random.default_rng(5)) for _ in range(2))
+    return a, b
+
+
+@pytest.mark.parametrize(("cls", "kwargs"), ROUND_TRIPS)
+def test_named_parameters_step_exactly_as_the_parameters(cls, kwargs) -> None:
+    """model.named_parameters() (PyTorch 2.13 takes it): it was refused, "parameter 0 is a tuple"."""
+    named, plain = linears()
+    opt_named, opt_plain = cls(named.named_parameters(), **kwargs), cls(plain.parameters(), **kwargs)
+    (group,), (plain_group,) = opt_named.param_groups, opt_plain.param_groups
+    assert group == {**plain_group, "params": [named.weight, named.bias], "param_names": ["weight", "bias"]}
+    rng = np.random.default_rng(6)
+    grads = [[rng.standard_normal((2, 3)), rng.standard_normal(2)] for _ in range(3)]
+    steps(named.parameters(), opt_named, grads)
+    steps(plain.parameters(), opt_plain, grads)
+    for p, q in zip(named.parameters(), plain.parameters(), strict=True):
+        np.testing.assert_array_equal(p.data, q.data)
+    saved, saved_plain = opt_named.state_dict(), opt_plain.state_dict()
+    assert saved["param_groups"] == [{**saved_plain["param_groups"][0], "param_names": ["weight", "bias"]}]
+    for k, state in saved["state"].items():
+        assert list(state) == list(saved_plain["state"][k])
+        for key, value in state.items():
+            np.testing.assert_array_equal(value, saved_plain["state"][k][key])
+
+
+def test_named_groups_keep_their_names_through_a_state_dict() -> None:
+    a, b = linears()
+    groups = [{"params": [("weight", a.weight)]}, {"params": [("bias", a.bias)], "weight_decay": 0.0}]
+    opt = AdamW(groups, lr=0.1)
+    opt.add_param_group({"params": b.named_parameters(), "lr": 0.2})
+    assert [g["param_names"] for g in opt.param_groups] == [["weight"], ["bias"], ["weight", "bias"]]
+    for p in [*a.parameters(), *b.parameters()]:
+        p.grad = np.ones(p.shape)
+    opt.step()
+    saved = opt.state_dict()
+    assert [g["param_names"] for g in saved["param_groups"]] == [["weight"], ["bias"], ["weight", "bias"]]
+    assert [g["params"] for g in saved["param_groups"]] == [[0], [1], [2, 3]]
+    c, d = linears()
+    resumed = AdamW(
+        [{"params": [("weight", c.weight)]}, {"params": [("bias", c.bias)]}, {"params": d.named_parameters()}]
+    )
+    resumed.load_state_dict(saved)
+    assert resumed.param_groups[1]["weight_decay"] == 0.0 and resumed.param_groups[2]["lr"] == 0.2
+    np.testing.assert_array_equal(resumed.state[d.bias]["exp_avg"], opt.state[b.bias]["exp_avg"])
+
+
+def test_load_state_dict_matches_parameters_by_place_not_name_as_pytorch() -> None:
+    """A saved group's names replace the optimizer's; a group saved without names keeps the optimizer's."""
+    a, b = linears()
+    named = SGD(a.named_parameters(), lr=0.1, momentum=0.9)
+    a.weight.grad, a.bias.grad = np.ones((2, 3)), np.ones(2)
+    named.step()
+    plain = SGD(b.parameters(), lr=0.5, momentum=0.9)
+    plain.load_state_dict(named.state_dict())  # named into unnamed: the names come along
+    assert plain.param_groups[0]["param_names"] == ["weight", "bias"] and plain.param_groups[0]["lr"] == 0.1
+    renamed = SGD([("w", b.weight), ("b", b.bias)], lr=0.5, momentum=0.9)
+    renamed.load_state_dict(named.state_dict())  # other names: loaded by place, the saved names replacing them
+    assert renamed.param_groups[0]["param_names"] == ["weight", "bias"]
+    np.testing.assert_array_equal(renamed.state[b.bias]["momentum_buffer"], np.ones(2))
+    renamed = SGD([("w", b.weight), ("b", b.bias)], lr=0.5)
+    renamed.load_state_dict(SGD(a.parameters(), lr=0.2).state_dict())  # unnamed into named: its names are kept
+    assert renamed.param_groups[0]["param_names"] == ["w", "b"] and renamed.param_groups[0]["lr"] == 0.2
+
+
+B = param([0.0])
+
+
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        ([("a", A), B], "SGD: parameter group 0 names some of its parameters, not all"),
+        ([{"params": [A]}, {"params": [("b", B)]}], "SGD: parameter group 1 is named and group 0 is not"),
+        ([{"params": [("a", A)]}, {"params": [B]}], "SGD: parameter group 1 is unnamed and group 0 is not"),
+        ([{"params": [("a", A)]}, {"params": [B], "param_names": ["b"]}], None),  # names of its own, as PyTorch
+    ],
+)
+def test_named_and_unnamed_parameters_do_not_mix_as_in_pytorch(groups, message) -> None:
+    if message is None:
+        assert SGD(groups, lr=0.1).param_groups[1]["param_names"] == ["b"]
+        return
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SGD(groups, lr=0.1)
+
+
+def test_a_named_parameter_is_a_pair() -> None:
+    with pytest.raises(
+        TypeError, match=r"SGD: parameter group 0: a named parameter is a \(name, Tensor\) pair, got a tuple of 3"
+    ):
+        SGD([("w", param([1.0]), "extra")], lr=0.1)
+
+
+def test_add_param_group_refuses_an_unnamed_group_after_a_named_one() -> None:
+    opt = SGD([("a", A)], lr=0.1)
+    with pytest.raises(ValueError, match="SGD: parameter group 1 is unnamed and group 0 is not; every group must"):
+        opt.add_param_group({"params": [B]})
+    with pytest.raises(ValueError, match="SGD: parameter group 1 names some of its parameters, not all"):
+        opt.add_param_group({"params": [("b", B), param([1.0])]})
+    assert len(opt.param_groups) == 1

@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is the optional cross-check peer for optimizers")
 
+from minigrad_norm.nn import Linear  # noqa: E402
 from minigrad_norm.optim import SGD, Adam, AdamW, WarmupSchedule  # noqa: E402
 from minigrad_norm.tensor import Tensor  # noqa: E402
 
@@ -144,3 +145,75 @@ def test_a_torch_state_dict_with_an_update_we_do_not_compute_is_refused(torch_cl
     with pytest.raises(ValueError, match=rf"loaded parameter group 0: {option} is not implemented"):
         opt.load_state_dict(topt.state_dict())
     assert opt.state == {} and "amsgrad" not in opt.param_groups[0]  # nothing was loaded
+
+
+def named_linears(ours_cls, torch_cls, kwargs, split: bool):
+    """Our Linear(3, 2) and torch's, equal, with optimizers given named_parameters(), as one group or split into
+    two (the bias without weight decay)."""
+    ours = Linear(3, 2, dtype=np.float64, rng=np.random.default_rng(7))
+    theirs = torch.nn.Linear(3, 2, dtype=torch.float64)
+    with torch.no_grad():
+        for p, tp in zip(ours.parameters(), theirs.parameters(), strict=True):
+            tp.copy_(torch.tensor(p.data))
+
+    def params(model):
+        pairs = list(model.named_parameters())
+        return [{"params": pairs[:1]}, {"params": pairs[1:], "weight_decay": 0.0}] if split else pairs
+
+    return ours, theirs, ours_cls(params(ours), **kwargs), torch_cls(params(theirs), **kwargs, foreach=False)
+
+
+def linear_grads(steps: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(8)
+    return [[rng.standard_normal((2, 3)), rng.standard_normal(2)] for _ in range(steps)]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-group", "two-groups"])
+@pytest.mark.parametrize(("ours_cls", "torch_cls", "kwargs"), OPTIMIZERS, ids=IDS)
+def test_named_parameters_step_and_save_their_names_as_torch(ours_cls, torch_cls, kwargs, split) -> None:
+    ours, theirs, opt, topt = named_linears(ours_cls, torch_cls, kwargs, split)
+    step_both(ours.parameters(), list(theirs.parameters()), opt, topt, linear_grads(4))
+    assert_same(ours.parameters(), list(theirs.parameters()))
+    state, torch_state = opt.state_dict(), topt.state_dict()
+    assert [g["param_names"] for g in state["param_groups"]] == [g["param_names"] for g in torch_state["param_groups"]]
+    for group, torch_group in zip(state["param_groups"], torch_state["param_groups"], strict=True):
+        assert group == {key: torch_group[key] for key in group}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-group", "two-groups"])
+@pytest.mark.parametrize(("ours_cls", "torch_cls", "kwargs"), OPTIMIZERS, ids=IDS)
+def test_named_state_dicts_load_into_each_other(ours_cls, torch_cls, kwargs, split) -> None:
+    """As test_state_dicts_load_into_each_other, named: the names come along both ways."""
+    grads = linear_grads(6)
+    ours, theirs, opt, topt = named_linears(ours_cls, torch_cls, kwargs, split)
+    step_both(ours.parameters(), list(theirs.parameters()), opt, topt, grads[:3])
+    ours2, theirs2, opt2, topt2 = named_linears(ours_cls, torch_cls, {**kwargs, "lr": 1.0}, split)
+    for p, q, tp, tq in zip(
+        ours.parameters(), ours2.parameters(), theirs.parameters(), theirs2.parameters(), strict=True
+    ):
+        q.data[...] = p.data
+        with torch.no_grad():
+            tq.copy_(tp)
+    topt2.load_state_dict(to_torch(opt.state_dict()))
+    opt2.load_state_dict(topt.state_dict())
+    assert [g["param_names"] for g in opt2.param_groups] == [g["param_names"] for g in topt2.param_groups]
+    step_both(ours.parameters(), list(theirs2.parameters()), opt, topt2, grads[3:])
+    step_both(ours2.parameters(), list(theirs.parameters()), opt2, topt, grads[3:])
+    assert_same(ours.parameters(), list(theirs2.parameters()))
+    assert_same(ours2.parameters(), list(theirs.parameters()))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda a, b: [("a", a), b],
+        lambda a, b: [{"params": [a]}, {"params": [("b", b)]}],
+        lambda a, b: [{"params": [("a", a)]}, {"params": [b]}],
+    ],
+    ids=["within-a-group", "named-after-unnamed", "unnamed-after-named"],
+)
+def test_mixing_named_and_unnamed_parameters_is_refused_as_torch(make) -> None:
+    with pytest.raises(ValueError, match="all optimizer param") as torch_error:
+        torch.optim.SGD(make(torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)), lr=0.1)
+    with pytest.raises(type(torch_error.value), match="SGD: parameter group"):
+        SGD(make(Tensor(np.zeros(1), requires_grad=True), Tensor(np.zeros(1), requires_grad=True)), lr=0.1)
