@@ -11,16 +11,18 @@ broadcasting added or stretched.
 Complex step: ops that are analytic (arithmetic, exp, log, sqrt, tanh,
 matmul, sums, reshapes, indexing) accept complex arrays, so that
 ``numerical_jacobian(method="complex")`` can push ``x + i*h`` through a
-forward. Ops that are not analytic (``max``, ``relu``, comparisons) refuse
-complex input through ``require_real``.
+forward. Ops that are not analytic (``max``, ``relu``, the ordering
+comparisons) refuse complex input through ``require_real``.
 
 Dtypes: an op on several operands computes in their ``result_type``, PyTorch's
-type promotion; its forward casts the arrays to it first.
+type promotion; its forward casts the arrays to it first (``masked_fill``
+keeps its input's dtype, as PyTorch's).
 """
 
 from __future__ import annotations
 
 import builtins
+import copy
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -83,8 +85,9 @@ def result_type(*operands: Any) -> np.dtype:
     the float's precision (float32 with 1j is complex64). So float32 stays float32 next to an integer
     tensor, a 0-d float64 tensor or 2.5.
 
-    One difference from PyTorch: the default float dtype is float64 (NumPy's), so an int64 tensor times 2.5
-    is float64, as in PyTorch after ``torch.set_default_dtype(torch.float64)``.
+    Two differences from PyTorch: the default float dtype is float64 (NumPy's), so an int64 tensor times 2.5
+    is float64, as in PyTorch after ``torch.set_default_dtype(torch.float64)``; and uint16-uint64 promote as
+    in NumPy, where PyTorch refuses them.
     """
     groups: tuple[list[np.dtype], ...] = ([], [], [])
     for x in operands:
@@ -523,8 +526,9 @@ class GetItem(Function):
 
     dL/da is zero except where a was read: there ``g`` is scattered back with
     ``np.add.at``, so an element read several times (a repeated index) gets
-    the sum of its gradients. The index arrays are copied, so that a later
-    write into them cannot send the gradient elsewhere than what was read.
+    the sum of its gradients. The index arrays and lists are copied, so that
+    a later write into them cannot send the gradient elsewhere than what was
+    read.
     """
 
     @staticmethod
@@ -546,9 +550,11 @@ class GetItem(Function):
 
 
 def _copy_arrays(index: Any) -> Any:
-    """``index`` with each ndarray in it copied."""
+    """``index`` with each ndarray and list in it copied."""
     if isinstance(index, tuple):
         return tuple(_copy_arrays(i) for i in index)
+    if isinstance(index, list):
+        return copy.deepcopy(index)
     return np.copy(index) if isinstance(index, np.ndarray) else index
 
 

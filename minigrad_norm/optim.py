@@ -411,7 +411,7 @@ class WarmupSchedule:
     def step(self) -> list[float]:
         """Set the lr of the next optimizer step, in every group; return the lrs (PyTorch's ``get_last_lr()``)."""
         groups = self.optimizer.param_groups
-        if len(groups) != len(self.base_lrs):  # PyTorch's schedulers leave a group added later at its lr
+        if len(groups) != len(self.base_lrs):  # (PyTorch 2.13's LambdaLR raises too; StepLR scales it)
             raise ValueError(
                 f"WarmupSchedule: the optimizer has {len(groups)} parameter groups, {len(self.base_lrs)} when the "
                 "schedule was made; make the schedule after add_param_group"

@@ -189,6 +189,11 @@ def test_an_index_written_after_the_forward_does_not_move_the_gradient():
     mask[...] = [False, True, False]
     loss.backward()
     np.testing.assert_array_equal(x.grad, [1.0, 0.0, 1.0])
+    w, rows = leaf([1.0, 2.0, 3.0]), [0, 0]  # a list too (no write to it can be counted)
+    y = w[rows]
+    rows[1] = 2
+    y.backward(np.array([1.0, 10.0]))
+    np.testing.assert_array_equal(w.grad, [11.0, 0.0, 0.0])
 
 
 def test_a_norm_mask_written_after_the_forward_does_not_change_the_gradient():

@@ -23,10 +23,12 @@ backward below are the single place the graph node is defined:
 (derived in docs/derivations.md); the numba backend computes the same.
 
 An empty input (N = 0, or any other zero-size dim) has no statistic to compute.
-As in PyTorch, it gives an empty output, leaves the running buffers alone, and
-its backward gives an empty dx and zero dweight/dbias (no position contributes
-to their sums). It reaches no kernel: there is nothing to compute, and for a
-BatchNorm channel of N = 0 samples the kernels would divide 0 by 0.
+As PyTorch does for BatchNorm, GroupNorm, LayerNorm and RMSNorm, it gives an
+empty output, leaves the running buffers alone, and its backward gives an empty
+dx and zero dweight/dbias (no position contributes to their sums); for
+InstanceNorm, where PyTorch differs, see docs/derivations.md §6. It reaches no
+kernel: there is nothing to compute, and for a BatchNorm channel of N = 0
+samples the kernels would divide 0 by 0.
 """
 
 from __future__ import annotations
