@@ -763,12 +763,12 @@ def masked_fill(a: Tensor, mask: Any, value: float | Tensor) -> Tensor:
     value = as_operand(value)  # (of any dtype: the result keeps a's, as in PyTorch)
     if value.ndim != 0:
         raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got shape {value.shape}")
-    if not _holds(a.dtype, value.data.item()):  # NumPy's cast would drop an imaginary part, or wrap around
+    if not can_hold(a.dtype, value.data.item()):  # NumPy's cast would drop an imaginary part, or wrap around
         raise RuntimeError(f"masked_fill: value {value.data.item()} cannot be converted to the input's dtype {a.dtype}")
     return MaskedFill.apply(a, value, mask=mask)
 
 
-def _holds(dtype: np.dtype, x: bool | int | float | complex) -> bool:
+def can_hold(dtype: np.dtype, x: bool | int | float | complex) -> bool:
     """Whether ``dtype`` can hold the number ``x`` (as PyTorch decides for a fill value): no complex in a real
     dtype, no nan, inf or out-of-range value in an integer one, no finite one beyond a float's range (inf
     and nan are floats; a fraction is truncated into an integer, as PyTorch's)."""

@@ -329,6 +329,78 @@ class Tensor:
         elif self.grad is not None:
             self.grad[...] = 0
 
+    # -- in-place ops (PyTorch's), outside the graph ---------------------------
+    def add_(self, other: Any, alpha: float = 1) -> Tensor:
+        """self += alpha * other, in place (``torch.Tensor.add_``); returns self."""
+        return self._write("add_", other, lambda a, b: np.add(a, alpha * b, out=a, casting="unsafe"), alpha)
+
+    def sub_(self, other: Any, alpha: float = 1) -> Tensor:
+        """self -= alpha * other, in place; returns self."""
+        return self._write("sub_", other, lambda a, b: np.subtract(a, alpha * b, out=a, casting="unsafe"), alpha)
+
+    def mul_(self, other: Any) -> Tensor:
+        """self *= other, in place; returns self."""
+        return self._write("mul_", other, lambda a, b: np.multiply(a, b, out=a, casting="unsafe"))
+
+    def div_(self, other: Any) -> Tensor:
+        """self /= other (true division), in place; returns self."""
+        return self._write("div_", other, lambda a, b: np.true_divide(a, b, out=a, casting="unsafe"), divides=True)
+
+    def copy_(self, src: Any) -> Tensor:
+        """self[...] = src (broadcast, cast to self's dtype as PyTorch casts), in place; returns self."""
+        return self._write("copy_", src, lambda a, b: np.copyto(a, b, casting="unsafe"), casts=True)
+
+    def fill_(self, value: Any) -> Tensor:
+        """Every element = value (a number or a 0-d tensor that self's dtype can hold), in place; returns self."""
+        return self._fill("fill_", value)
+
+    def zero_(self) -> Tensor:
+        """Every element = 0, in place; returns self."""
+        return self._fill("zero_", 0)
+
+    def _fill(self, op: str, value: Any) -> Tensor:
+        v = np.asarray(value.data if isinstance(value, Tensor) else value)
+        if v.ndim != 0 or v.dtype.kind not in "biufc" or not ops.can_hold(self.dtype, v.item()):
+            raise RuntimeError(f"{op}: value {value!r} cannot be converted to the tensor's dtype {self.dtype}")
+        return self._write(op, v, lambda a, b: np.copyto(a, b, casting="unsafe"), casts=True)
+
+    def _write(
+        self, op: str, other: Any, write: Any, alpha: float = 1, divides: bool = False, casts: bool = False
+    ) -> Tensor:
+        """Write ``write(self.data, other's array)`` into self's array and count it (``increment_version``), as
+        PyTorch's in-place ops: so a backward through an op that saved the old values refuses them.
+
+        Refused, as there: in grad mode, a tensor that requires grad (its gradient would no longer be that of
+        anything computed; write under ``no_grad()``, as an optimizer does); a result of a higher kind than
+        self's dtype (a float, or a float ``alpha``, into an integer tensor; ``copy_`` and ``fill_`` cast any
+        real value, truncating a float into an integer); a complex value into a real tensor; a shape that does
+        not broadcast to self's; a read-only array.
+        """
+        if _grad_enabled and self.requires_grad:
+            raise RuntimeError(
+                f"{op}: a tensor that requires grad (shape {self.shape}) cannot be written in place in grad mode; "
+                "write it inside no_grad(), as an optimizer's step does"
+            )
+        b = np.asarray(other.data if isinstance(other, Tensor) else other)
+        result = ops.result_type(self, other, alpha)
+        if divides:
+            result = ops.floating(result)
+        if (result.kind == "c" and self.dtype.kind != "c") or not (
+            casts or np.can_cast(result, self.dtype, "same_kind")
+        ):
+            raise RuntimeError(f"{op}: result type {result} can't be cast to the tensor's dtype {self.dtype}")
+        if not self.data.flags.writeable:
+            raise RuntimeError(f"{op}: the tensor's array (shape {self.shape}) is read-only")
+        try:
+            np.broadcast_to(b, self.shape)
+        except ValueError:
+            raise RuntimeError(
+                f"{op}: a value of shape {b.shape} does not broadcast to the tensor's shape {self.shape}"
+            ) from None
+        write(self.data, b)
+        increment_version(self)
+        return self
+
     # -- operators (defined in ops.py) --------------------------------------
     def __add__(self, other: Any) -> Tensor:
         return ops.add(self, other)

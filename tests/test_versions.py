@@ -390,3 +390,58 @@ def test_a_step_between_forward_and_backward_raises_or_leaves_the_gradient_as_it
     event("compared")
     for name, b, a in zip(p, before, after, strict=True):
         np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+# -- in-place ops: PyTorch's, outside the graph, counted ---------------------------------------------
+def test_in_place_ops_write_count_and_return_self():
+    w = leaf([1.0, 2.0, 4.0], dtype=np.float32)
+    loss = (w * w).sum()
+    with mg.no_grad():
+        out = w.add_(np.ones(3), alpha=0.5).mul_(2.0).sub_(Tensor(np.array([1.0, 1.0, 1.0])), alpha=2.0).div_(4.0)
+    assert out is w and w.dtype == np.float32 and w._version == 4
+    np.testing.assert_array_equal(w.data, np.array([0.25, 0.75, 1.75], np.float32))  # ((w + .5) 2 - 2) / 4
+    with pytest.raises(RuntimeError, match="Mul.backward: .*modified in place.*version 4"):
+        loss.backward()
+    i = Tensor(np.arange(3))
+    np.testing.assert_array_equal(i.copy_(np.array([1.7, -2.5, 3.2])).data, [1, -2, 3])  # truncated, as PyTorch
+    np.testing.assert_array_equal(i.fill_(2.9).data, [2, 2, 2])
+    np.testing.assert_array_equal(i.zero_().data, [0, 0, 0])
+    np.testing.assert_array_equal(Tensor(np.zeros((2, 3))).copy_(np.arange(3.0)).data, [[0, 1, 2], [0, 1, 2]])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: leaf([1.0]).add_(1.0), r"add_: a tensor that requires grad \(shape \(1,\)\) cannot be written"),
+        (lambda: Tensor(np.arange(3)).div_(2), "div_: result type float64 can't be cast to the tensor's dtype int64"),
+        (lambda: Tensor(np.arange(3)).mul_(0.5), "mul_: result type float64 can't be cast to the tensor's dtype"),
+        (lambda: Tensor(np.arange(3)).add_(1, alpha=0.5), "add_: result type float64 can't be cast"),
+        (lambda: Tensor(np.ones(3)).add_(np.ones(3) * 1j), "add_: result type complex128 can't be cast"),
+        (lambda: Tensor(np.ones(3)).copy_(np.ones(3) * 1j), "copy_: result type complex128 can't be cast"),
+        (
+            lambda: Tensor(np.arange(3)).fill_(np.nan),
+            "fill_: value nan cannot be converted to the tensor's dtype int64",
+        ),
+        (lambda: Tensor(np.ones(3)).fill_(np.ones(2)), "fill_: value .* cannot be converted"),
+        (lambda: Tensor(np.ones(3)).add_(np.ones(4)), r"add_: a value of shape \(4,\) does not broadcast to .* \(3,\)"),
+        (lambda: Tensor(np.broadcast_to(np.ones(3), (2, 3))).zero_(), r"zero_: the tensor's array .* is read-only"),
+    ],
+)
+def test_in_place_ops_refuse_what_pytorch_refuses(call, message):
+    with pytest.raises(RuntimeError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_in_place_ops_against_pytorch(dtype):
+    torch = pytest.importorskip("torch")
+    a = np.array([3, -2, 7], dtype)
+    ours, theirs = Tensor(a.copy()), torch.tensor(a.copy())
+    ops_ = [("add_", (np.array([1, 2, 3], dtype),), {"alpha": 2}), ("sub_", (5,), {}), ("mul_", (3,), {})]
+    if dtype != np.int64:
+        ops_ += [("div_", (np.array([4, 8, 16], dtype),), {}), ("fill_", (1.5,), {})]
+    ops_ += [("copy_", (np.array([9, 8, 7], dtype),), {}), ("zero_", (), {})]
+    for name, args, kwargs in ops_:
+        getattr(ours, name)(*args, **kwargs)
+        getattr(theirs, name)(*(torch.tensor(x) if isinstance(x, np.ndarray) else x for x in args), **kwargs)
+        np.testing.assert_array_equal(ours.data, theirs.numpy(), err_msg=name)
