@@ -71,7 +71,7 @@ def as_operand(value: Any) -> Tensor:
 
 
 # bool < integer < floating < complex
-_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
 
 def result_type(*operands: Any) -> np.dtype:
@@ -101,7 +101,7 @@ def result_type(*operands: Any) -> np.dtype:
         if not group:
             continue
         dtype = np.result_type(*([d for d in group if d.kind in "fc"] or group))
-        if result is None or _CATEGORY[dtype.kind] >= _CATEGORY[result.kind]:
+        if result is None or CATEGORY[dtype.kind] >= CATEGORY[result.kind]:
             result = dtype
         elif dtype.kind == "f":  # and result is complex
             result = np.promote_types(dtype, np.complex64)
@@ -535,9 +535,12 @@ class GetItem(Function):
     def forward(ctx: Context, a: np.ndarray, index: Any) -> np.ndarray:
         ctx.index, ctx.shape = _copy_arrays(index), a.shape
         try:
-            return a[index]
+            y = a[index]
         except IndexError as e:
             raise IndexError(f"getitem: {e} (tensor of shape {a.shape})") from None
+        if not isinstance(y, np.ndarray):  # one element: NumPy gives a copy, a scalar; PyTorch, as here, a 0-d view
+            y = a[(*index, ...) if isinstance(index, tuple) else (index, ...)]
+        return y
 
     @staticmethod
     def backward(ctx: Context, g: np.ndarray) -> np.ndarray:
@@ -621,7 +624,7 @@ def add(a: Any, b: Any) -> Tensor:
 
 
 def sub(a: Any, b: Any) -> Tensor:
-    _refuse_bool("sub", "subtraction, the - operator,", a, b)
+    refuse_bool("sub", "subtraction, the - operator,", a, b)
     return _binary(Sub, a, b)
 
 
@@ -640,11 +643,11 @@ def pow(a: Any, b: Any) -> Tensor:  # noqa: A001  (the ** operator)
 
 
 def neg(a: Tensor) -> Tensor:
-    _refuse_bool("neg", "negation, the - operator,", a)
+    refuse_bool("neg", "negation, the - operator,", a)
     return Neg.apply(a)
 
 
-def _refuse_bool(op: str, what: str, *operands: Any) -> None:
+def refuse_bool(op: str, what: str, *operands: Any) -> None:
     """As PyTorch: a bool tensor is a mask, not a number to subtract (use ~ or logical_xor)."""
     for x in operands:
         if isinstance(x, Tensor | np.ndarray) and x.dtype == np.bool_:

@@ -336,6 +336,7 @@ class Tensor:
 
     def sub_(self, other: Any, alpha: float = 1) -> Tensor:
         """self -= alpha * other, in place; returns self."""
+        ops.refuse_bool("sub_", "subtraction", self, other)
         return self._write("sub_", other, lambda a, b: np.subtract(a, alpha * b, out=a, casting="unsafe"), alpha)
 
     def mul_(self, other: Any) -> Tensor:
@@ -367,37 +368,44 @@ class Tensor:
     def _write(
         self, op: str, other: Any, write: Any, alpha: float = 1, divides: bool = False, casts: bool = False
     ) -> Tensor:
-        """Write ``write(self.data, other's array)`` into self's array and count it (``increment_version``), as
-        PyTorch's in-place ops: so a backward through an op that saved the old values refuses them.
+        """Write ``write(self.data, b)`` into self's array, b being ``other``'s array in the op's result dtype
+        (PyTorch's: ``alpha * b`` is computed there), and count the write (``increment_version``), as PyTorch's
+        in-place ops: so a backward through an op that saved the old values refuses them.
 
-        Refused, as there: in grad mode, a tensor that requires grad (its gradient would no longer be that of
-        anything computed; write under ``no_grad()``, as an optimizer does); a result of a higher kind than
-        self's dtype (a float, or a float ``alpha``, into an integer tensor; ``copy_`` and ``fill_`` cast any
-        real value, truncating a float into an integer); a complex value into a real tensor; a shape that does
-        not broadcast to self's; a read-only array.
+        Refused: in grad mode, a tensor that requires grad (PyTorch records a write into a non-leaf; we record
+        no in-place op, so write under ``no_grad()``, as an optimizer does), or an ``other`` that requires grad
+        (its gradient would be lost); a result of a higher category than self's dtype (a float, or a float
+        ``alpha``, into an integer tensor, as PyTorch); an ``alpha`` the result dtype cannot hold; a complex
+        value into a real tensor (PyTorch's ``copy_`` drops the imaginary part with a warning); a shape that
+        does not broadcast to self's; a read-only array. ``copy_`` and ``fill_`` cast any other real value,
+        truncating a float into an integer, as PyTorch.
         """
-        if _grad_enabled and self.requires_grad:
+        if _grad_enabled and (self.requires_grad or (isinstance(other, Tensor) and other.requires_grad)):
+            which = "a tensor" if self.requires_grad else "a value"
             raise RuntimeError(
-                f"{op}: a tensor that requires grad (shape {self.shape}) cannot be written in place in grad mode; "
-                "write it inside no_grad(), as an optimizer's step does"
+                f"{op}: {which} that requires grad (shape {self.shape if self.requires_grad else other.shape}) "
+                "cannot take part in an in-place op in grad mode, which is not recorded on the tape; write "
+                "inside no_grad(), as an optimizer's step does, or use the out-of-place op"
             )
-        b = np.asarray(other.data if isinstance(other, Tensor) else other)
-        result = ops.result_type(self, other, alpha)
+        result = ops.result_type(self, other) if alpha == 1 else ops.result_type(self, other, alpha)
         if divides:
             result = ops.floating(result)
         if (result.kind == "c" and self.dtype.kind != "c") or not (
-            casts or np.can_cast(result, self.dtype, "same_kind")
+            casts or ops.CATEGORY[result.kind] <= ops.CATEGORY[self.dtype.kind]
         ):
             raise RuntimeError(f"{op}: result type {result} can't be cast to the tensor's dtype {self.dtype}")
+        if not ops.can_hold(result, alpha):
+            raise RuntimeError(f"{op}: alpha {alpha!r} cannot be converted to the result dtype {result}")
         if not self.data.flags.writeable:
             raise RuntimeError(f"{op}: the tensor's array (shape {self.shape}) is read-only")
+        b = np.asarray(other.data if isinstance(other, Tensor) else other)
         try:
             np.broadcast_to(b, self.shape)
         except ValueError:
             raise RuntimeError(
                 f"{op}: a value of shape {b.shape} does not broadcast to the tensor's shape {self.shape}"
             ) from None
-        write(self.data, b)
+        write(self.data, b if casts else b.astype(result, copy=False))
         increment_version(self)
         return self
 

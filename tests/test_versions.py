@@ -412,10 +412,11 @@ def test_in_place_ops_write_count_and_return_self():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: leaf([1.0]).add_(1.0), r"add_: a tensor that requires grad \(shape \(1,\)\) cannot be written"),
+        (lambda: leaf([1.0]).add_(1.0), r"add_: a tensor that requires grad \(shape \(1,\)\) cannot take part"),
         (lambda: Tensor(np.arange(3)).div_(2), "div_: result type float64 can't be cast to the tensor's dtype int64"),
         (lambda: Tensor(np.arange(3)).mul_(0.5), "mul_: result type float64 can't be cast to the tensor's dtype"),
         (lambda: Tensor(np.arange(3)).add_(1, alpha=0.5), "add_: result type float64 can't be cast"),
+        (lambda: Tensor(np.zeros(1, np.int8)).add_(5, alpha=1000), "add_: alpha 1000 cannot be converted to .* int8"),
         (lambda: Tensor(np.ones(3)).add_(np.ones(3) * 1j), "add_: result type complex128 can't be cast"),
         (lambda: Tensor(np.ones(3)).copy_(np.ones(3) * 1j), "copy_: result type complex128 can't be cast"),
         (
@@ -430,6 +431,47 @@ def test_in_place_ops_write_count_and_return_self():
 def test_in_place_ops_refuse_what_pytorch_refuses(call, message):
     with pytest.raises(RuntimeError, match=message):
         call()
+    with pytest.raises(TypeError, match=r"sub_: subtraction with a bool tensor"):
+        Tensor(np.ones(2)).sub_(np.array([True, False]))
+
+
+def test_in_place_ops_compute_alpha_times_other_in_the_result_dtype_as_pytorch():
+    # alpha * other was computed in other's dtype: int8 100 * 2 wrapped to -56, a float32 lost precision
+    np.testing.assert_array_equal(Tensor(np.zeros(1, np.int64)).add_(np.array([100], np.int8), alpha=2).data, [200])
+    assert Tensor(np.zeros(1)).add_(np.float32(0.1), alpha=1000).data[0] == float(np.float32(0.1)) * 1000
+    np.testing.assert_array_equal(Tensor(np.zeros(1, np.float32)).sub_(np.array([200], np.uint8), alpha=1).data, [-200])
+    np.testing.assert_array_equal(Tensor(np.full(2, 10, np.uint8)).add_(np.array([-1, 2], np.int8)).data, [9, 12])
+    np.testing.assert_array_equal(Tensor(np.array([True, False])).mul_(np.array([True, True])).data, [True, False])
+    np.testing.assert_array_equal(Tensor(np.array([True, False])).add_(True).data, [True, True])
+    # a float32 tensor times a Python float: the float is cast first, as in PyTorch and in the out-of-place op
+    t = Tensor(np.array([5.0], np.float32))
+    assert (
+        t.mul_(1 / 3).data[0]
+        == (Tensor(np.array([5.0], np.float32)) * (1 / 3)).data[0]
+        == np.float32(5) * np.float32(1 / 3)
+    )
+
+
+def test_an_element_taken_by_index_is_a_view_whose_writes_reach_its_tensor():
+    # NumPy gives one element as a scalar, a copy: the write was lost, and not counted
+    x = Tensor(np.arange(3.0))
+    x[1].fill_(9.0)
+    np.testing.assert_array_equal(x.data, [0.0, 9.0, 2.0])
+    w = leaf(np.arange(4.0).reshape(2, 2))
+    loss = (w * w).sum()
+    with mg.no_grad():
+        w[0, 1].fill_(100.0)
+    with pytest.raises(RuntimeError, match="Mul.backward: .*modified in place"):
+        loss.backward()
+
+
+def test_a_value_that_requires_grad_is_not_silently_detached():
+    w, buf = leaf([1.0, 2.0]), Tensor(np.zeros(2))
+    with pytest.raises(RuntimeError, match=r"add_: a value that requires grad \(shape \(2,\)\) cannot take part"):
+        buf.add_(w)
+    with mg.no_grad():
+        buf.add_(w)  # outside grad mode it is a value like any other
+    np.testing.assert_array_equal(buf.data, [1.0, 2.0])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
