@@ -182,7 +182,7 @@ class Embedding(Function):
                 f"embedding: index out of range: indices span [{indices.min()}, {indices.max()}] "
                 f"but the weight of shape {weight.shape} has {weight.shape[0]} rows"
             )
-        ctx.save_for_backward(indices)
+        ctx.save_for_backward(indices.copy())  # as GetItem's index: a later write cannot move the gradient
         ctx.weight_shape = weight.shape
         return weight[indices]
 

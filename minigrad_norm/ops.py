@@ -115,8 +115,7 @@ def floating(dtype: np.dtype) -> np.dtype:
 
 
 def cast(dtype: np.dtype, *operands: Any) -> list[Any]:
-    """Each array cast to ``dtype``. A Python number is left as it is: NumPy computes it in the array's
-    dtype, and keeps ``x ** 2`` a square and ``x ** 0.5`` a sqrt."""
+    """Each array cast to ``dtype``; anything else (pow's number exponent, linear's absent bias) left as it is."""
     return [x.astype(dtype, copy=False) if isinstance(x, np.ndarray) else x for x in operands]
 
 
@@ -533,7 +532,7 @@ class GetItem(Function):
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray, index: Any) -> np.ndarray:
-        ctx.index, ctx.shape = _copy_arrays(index), a.shape
+        ctx.index, ctx.shape = copy.deepcopy(index), a.shape
         try:
             y = a[index]
         except IndexError as e:
@@ -550,15 +549,6 @@ class GetItem(Function):
         else:
             np.add.at(da, ctx.index, g)
         return da
-
-
-def _copy_arrays(index: Any) -> Any:
-    """``index`` with each ndarray and list in it copied."""
-    if isinstance(index, tuple):
-        return tuple(_copy_arrays(i) for i in index)
-    if isinstance(index, list):
-        return copy.deepcopy(index)
-    return np.copy(index) if isinstance(index, np.ndarray) else index
 
 
 def _is_basic_index(index: Any) -> bool:
@@ -638,7 +628,8 @@ def div(a: Any, b: Any) -> Tensor:
 
 def pow(a: Any, b: Any) -> Tensor:  # noqa: A001  (the ** operator)
     if isinstance(a, Tensor) and (exponent := as_number(b)) is not None:
-        return Pow.apply(a, exponent, dtype=result_type(a, b))  # a Python number exponent: see cast
+        # kept a Python number (cast leaves it): NumPy computes it in a's dtype, and x ** 2 stays a square
+        return Pow.apply(a, exponent, dtype=result_type(a, b))
     return _binary(Pow, a, b)
 
 
@@ -763,22 +754,29 @@ def masked_fill(a: Tensor, mask: Any, value: float | Tensor) -> Tensor:
         raise TypeError(f"masked_fill: mask must be boolean, got dtype {mask.dtype}")
     if broadcast_shape("masked_fill", a.data, mask) != a.shape:
         raise ValueError(f"masked_fill: mask of shape {mask.shape} does not broadcast to the input's shape {a.shape}")
-    value = as_operand(value)  # (of any dtype: the result keeps a's, as in PyTorch)
-    if value.ndim != 0:
-        raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got shape {value.shape}")
-    if not can_hold(a.dtype, value.data.item()):  # NumPy's cast would drop an imaginary part, or wrap around
-        raise RuntimeError(f"masked_fill: value {value.data.item()} cannot be converted to the input's dtype {a.dtype}")
-    return MaskedFill.apply(a, value, mask=mask)
+    fill_value("masked_fill", value, a.dtype)
+    return MaskedFill.apply(a, as_operand(value), mask=mask)  # (of any dtype: the result keeps a's, as PyTorch)
+
+
+def fill_value(op: str, value: Any, dtype: np.dtype) -> np.ndarray:
+    """``value`` (a number or a 0-d tensor) as a 0-d array, refused unless ``dtype`` can hold it (``can_hold``):
+    NumPy's cast would drop an imaginary part, or wrap an integer around (int8 300 is 44)."""
+    v = np.asarray(value.data if isinstance(value, Tensor) else value)
+    if v.ndim != 0:
+        raise ValueError(f"{op}: value must be a number or a 0-d tensor, got shape {v.shape}")
+    if v.dtype.kind not in "biufc" or not can_hold(dtype, v.item()):
+        raise RuntimeError(f"{op}: value {v.item()!r} cannot be converted to the tensor's dtype {dtype}")
+    return v
 
 
 def can_hold(dtype: np.dtype, x: bool | int | float | complex) -> bool:
     """Whether ``dtype`` can hold the number ``x`` (as PyTorch decides for a fill value): no complex in a real
     dtype, no nan, inf or out-of-range value in an integer one, no finite one beyond a float's range (inf
     and nan are floats; a fraction is truncated into an integer, as PyTorch's)."""
-    if dtype.kind == "b":
-        return True
     if isinstance(x, complex):
         return dtype.kind == "c"
+    if dtype.kind == "b":
+        return True
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         return math.isfinite(x) and info.min <= x <= info.max
@@ -791,11 +789,16 @@ def _binary(fn: type[Function], a: Any, b: Any) -> Tensor:
     return fn.apply(as_operand(a), as_operand(b), dtype=result_type(a, b))
 
 
+def is_int(value: Any) -> bool:
+    """An int, Python's or NumPy's, and not a bool (which PyTorch refuses as a size, an axis or a count)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 def _ints(op: str, name: str, values: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """``values`` (a sequence, or one value) as a tuple of ints; bools are refused, as PyTorch refuses them."""
+    """``values`` (a sequence, or one value) as a tuple of ints (``is_int``)."""
     values = tuple(values) if isinstance(values, Iterable) else (values,)
     for v in values:
-        if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer):
+        if not is_int(v):
             raise TypeError(
                 f"{op}: {name} {values} must be integers, got {type(v).__name__} {v!r} (input of shape {shape})"
             )

@@ -85,9 +85,13 @@ class Optimizer:
         if not groups:
             raise ValueError(f"{name}: got an empty parameter list")
         for group in groups if isinstance(groups[0], dict) else [{"params": groups}]:
-            self.add_param_group(group)
+            self._add_param_group(group, stacklevel=4)  # a warning names the line that made the optimizer
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Append a copy of ``param_group`` to ``param_groups``; see ``_add_param_group``."""
+        self._add_param_group(param_group, stacklevel=3)
+
+    def _add_param_group(self, param_group: dict[str, Any], stacklevel: int) -> None:
         """Append a copy of ``param_group``, ``{"params": a Tensor, Tensors or (name, Tensor) pairs,
         **hyperparameters}``, to ``param_groups``, the hyperparameters it leaves out taken from ``defaults`` and
         the names of pairs kept as ``"param_names"``. Other keys are kept (as PyTorch keeps them, a schedule's
@@ -101,18 +105,7 @@ class Optimizer:
         params = param_group["params"]
         if isinstance(params, set):  # as PyTorch: the order of a set, and so state_dict's numbering, varies by run
             raise TypeError(f"{name}: parameter group {i}'s params are a set, whose order varies; pass a list")
-        params = [params] if isinstance(params, Tensor) else list(params)
-        # (name, Tensor) pairs, as named_parameters() gives (PyTorch's test: a tuple): the names are kept for
-        # state_dict, a group naming all its parameters or none, as in PyTorch
-        pairs = [p for p in params if isinstance(p, tuple)]
-        if pairs and len(pairs) < len(params):
-            raise ValueError(f"{name}: parameter group {i} names some of its parameters, not all")
-        if bad := [pair for pair in pairs if len(pair) != 2]:
-            raise TypeError(
-                f"{name}: parameter group {i}: a named parameter is a (name, Tensor) pair, got a tuple of {len(bad[0])}"
-            )
-        names = {"param_names": [n for n, _ in pairs]} if pairs else {}
-        params = [p for _, p in pairs] if pairs else params
+        params, names = _split_names(f"{name}: parameter group {i}", [params] if isinstance(params, Tensor) else params)
         group_of = {p: j for j, group in enumerate(self.param_groups) for p in group["params"]}
         for k, p in enumerate(params, sum(len(group["params"]) for group in self.param_groups)):
             if not isinstance(p, Tensor):
@@ -125,7 +118,7 @@ class Optimizer:
             # as PyTorch's warning: each copy is stepped, with the one state of the parameter
             warnings.warn(
                 f"{name}: parameter group {i} holds a parameter more than once; it is updated once for each copy",
-                stacklevel=4,  # the line that made the optimizer (from its constructor)
+                stacklevel=stacklevel,
             )
         group = {**self.defaults, **param_group, "params": params, **names}
         named = "param_names" in group  # (as in PyTorch, a group may also bring "param_names" of its own)
@@ -214,6 +207,7 @@ class Optimizer:
                 f"{name}: loaded state dict has a different number of parameter groups "
                 f"({len(saved)}, the optimizer {len(self.param_groups)})"
             )
+        groups = []
         for i, (group, saved_group) in enumerate(zip(self.param_groups, saved, strict=True)):
             if len(saved_group["params"]) != len(group["params"]):
                 raise ValueError(
@@ -221,14 +215,11 @@ class Optimizer:
                     f"optimizer's group (group {i}: {len(saved_group['params'])} parameters, the optimizer's "
                     f"{len(group['params'])})"
                 )
-        groups = []
-        for group, s in zip(self.param_groups, saved, strict=True):
-            loaded = {**s, "params": group["params"]}
-            if "param_names" in s or "param_names" in group:  # a group saved unnamed keeps its names, as in PyTorch
-                loaded["param_names"] = list(s.get("param_names", group.get("param_names")))
+            loaded = {**saved_group, "params": group["params"]}
+            if (names := saved_group.get("param_names", group.get("param_names"))) is not None:
+                loaded["param_names"] = list(names)  # a group saved unnamed keeps its names, as in PyTorch
+            self.check(loaded, f"{name} loaded parameter group {i}")
             groups.append(loaded)
-        for i, group in enumerate(groups):
-            self.check(group, f"{name} loaded parameter group {i}")
         param_of = dict(
             zip(
                 chain.from_iterable(s["params"] for s in saved),
@@ -246,6 +237,21 @@ class Optimizer:
                 for key, value in saved_state.items()
             }
         self.param_groups, self.state = groups, state
+
+
+def _split_names(where: str, params: Iterable[Any]) -> tuple[list[Any], dict[str, list[str]]]:
+    """``params`` and ``{}``, or, given (name, Tensor) pairs as ``named_parameters()`` gives them (PyTorch's test:
+    a tuple), the Tensors and ``{"param_names": names}``, which ``state_dict`` saves; a group names all its
+    parameters or none, as in PyTorch."""
+    params = list(params)
+    pairs = [p for p in params if isinstance(p, tuple)]
+    if not pairs:
+        return params, {}
+    if len(pairs) < len(params):
+        raise ValueError(f"{where} names some of its parameters, not all")
+    if bad := [pair for pair in pairs if len(pair) != 2]:
+        raise TypeError(f"{where}: a named parameter is a (name, Tensor) pair, got a tuple of {len(bad[0])}")
+    return [p for _, p in pairs], {"param_names": [n for n, _ in pairs]}
 
 
 def _state_array(value: Any, p: Tensor, where: str) -> np.ndarray:

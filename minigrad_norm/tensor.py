@@ -70,10 +70,10 @@ def is_grad_enabled() -> bool:
 
 
 # -- version counters ------------------------------------------------------------
-# How many times the memory of an array was written in place by something that says so: an optimizer's
-# step(), load_state_dict, or a call of increment_version. The count is kept per owning array (the end
-# of the .base chain), so that every view of a parameter sees the write: the reshaped weight a norm
-# saved, a row taken by indexing; PyTorch's views share their base's counter in the same way. Only
+# How many times the memory of an array was written in place by something that says so (increment_version):
+# an optimizer's step(), load_state_dict, the in-place methods (add_, copy_, ...). The count is kept per
+# owning array (the end of the .base chain), so that every view of a parameter sees the write: the reshaped
+# weight a norm saved, a row taken by indexing; PyTorch's views share their base's counter in the same way. Only
 # arrays ever written have an entry, dropped when the array dies (ndarrays are not hashable, hence ids).
 _versions: dict[int, tuple[weakref.ref, int]] = {}
 
@@ -98,9 +98,9 @@ def increment_version(t: Tensor | np.ndarray | Sequence[Tensor | np.ndarray]) ->
     written in place.
 
     A backward that needs an array saved before the write then raises ``RuntimeError`` instead of
-    computing the gradient from the new values. The optimizers and ``load_state_dict`` call it; call it
-    after writing into ``.data`` yourself (as ``torch.autograd.graph.increment_version``: PyTorch's
-    in-place ops count their writes, but a write through ``.data`` is not counted, there or here).
+    computing the gradient from the new values. The optimizers, ``load_state_dict`` and the in-place methods
+    (``add_``, ``copy_``, ...) call it; call it after writing into ``.data`` yourself (as
+    ``torch.autograd.graph.increment_version``: a write through ``.data`` is not counted, there or here).
     """
     if isinstance(t, list | tuple):  # as PyTorch's, which takes an iterable of tensors too
         for item in t:
@@ -151,8 +151,8 @@ class Context:
                 raise RuntimeError(
                     f"{self.fn.__name__}.backward: saved array {k} (shape {a.shape}, {a.dtype}) was modified in "
                     f"place after the forward: it is at version {_version_of(a)}, the forward saved version "
-                    f"{version}. An optimizer step() or load_state_dict between a forward and its backward does "
-                    "this; call backward() first (PyTorch raises the same error)."
+                    f"{version}. An optimizer step(), load_state_dict or in-place method (add_, copy_...) between a "
+                    "forward and its backward does this; call backward() first (PyTorch raises the same error)."
                 )
         return self._saved
 
@@ -332,67 +332,56 @@ class Tensor:
     # -- in-place ops (PyTorch's), outside the graph ---------------------------
     def add_(self, other: Any, alpha: float = 1) -> Tensor:
         """self += alpha * other, in place (``torch.Tensor.add_``); returns self."""
-        return self._write("add_", other, lambda a, b: np.add(a, alpha * b, out=a, casting="unsafe"), alpha)
+        return self._write("add_", np.add, other, alpha)
 
     def sub_(self, other: Any, alpha: float = 1) -> Tensor:
         """self -= alpha * other, in place; returns self."""
         ops.refuse_bool("sub_", "subtraction", self, other)
-        return self._write("sub_", other, lambda a, b: np.subtract(a, alpha * b, out=a, casting="unsafe"), alpha)
+        return self._write("sub_", np.subtract, other, alpha)
 
     def mul_(self, other: Any) -> Tensor:
         """self *= other, in place; returns self."""
-        return self._write("mul_", other, lambda a, b: np.multiply(a, b, out=a, casting="unsafe"))
+        return self._write("mul_", np.multiply, other)
 
     def div_(self, other: Any) -> Tensor:
-        """self /= other (true division), in place; returns self."""
-        return self._write("div_", other, lambda a, b: np.true_divide(a, b, out=a, casting="unsafe"), divides=True)
+        """self /= other (true division, so never into an integer tensor), in place; returns self."""
+        return self._write("div_", np.true_divide, other)
 
     def copy_(self, src: Any) -> Tensor:
         """self[...] = src (broadcast, cast to self's dtype as PyTorch casts), in place; returns self."""
-        return self._write("copy_", src, lambda a, b: np.copyto(a, b, casting="unsafe"), casts=True)
+        return self._write("copy_", None, src)
 
     def fill_(self, value: Any) -> Tensor:
         """Every element = value (a number or a 0-d tensor that self's dtype can hold), in place; returns self."""
-        return self._fill("fill_", value)
+        return self._write("fill_", None, ops.fill_value("fill_", value, self.dtype))
 
     def zero_(self) -> Tensor:
         """Every element = 0, in place; returns self."""
-        return self._fill("zero_", 0)
+        return self._write("zero_", None, 0)
 
-    def _fill(self, op: str, value: Any) -> Tensor:
-        v = np.asarray(value.data if isinstance(value, Tensor) else value)
-        if v.ndim != 0 or v.dtype.kind not in "biufc" or not ops.can_hold(self.dtype, v.item()):
-            raise RuntimeError(f"{op}: value {value!r} cannot be converted to the tensor's dtype {self.dtype}")
-        return self._write(op, v, lambda a, b: np.copyto(a, b, casting="unsafe"), casts=True)
+    def _write(self, op: str, ufunc: np.ufunc | None, other: Any, alpha: float = 1) -> Tensor:
+        """``self = ufunc(self, alpha * other)`` computed in the ops' result dtype (PyTorch's: ``alpha * other``
+        is computed there too), or, with no ufunc, ``self[...] = other`` (copy_, fill_); then count the write
+        (``increment_version``), so that a backward through an op that saved the old values refuses them.
 
-    def _write(
-        self, op: str, other: Any, write: Any, alpha: float = 1, divides: bool = False, casts: bool = False
-    ) -> Tensor:
-        """Write ``write(self.data, b)`` into self's array, b being ``other``'s array in the op's result dtype
-        (PyTorch's: ``alpha * b`` is computed there), and count the write (``increment_version``), as PyTorch's
-        in-place ops: so a backward through an op that saved the old values refuses them.
-
-        Refused: in grad mode, a tensor that requires grad (PyTorch records a write into a non-leaf; we record
-        no in-place op, so write under ``no_grad()``, as an optimizer does), or an ``other`` that requires grad
-        (its gradient would be lost); a result of a higher category than self's dtype (a float, or a float
-        ``alpha``, into an integer tensor, as PyTorch); an ``alpha`` the result dtype cannot hold; a complex
-        value into a real tensor (PyTorch's ``copy_`` drops the imaginary part with a warning); a shape that
-        does not broadcast to self's; a read-only array. ``copy_`` and ``fill_`` cast any other real value,
-        truncating a float into an integer, as PyTorch.
+        Refused, as in PyTorch: a result of a higher category than self's dtype (a float, or a float ``alpha``,
+        into an integer tensor; a copy casts any real value, truncating, but not a complex one); an ``alpha``
+        the result dtype cannot hold; a shape that does not broadcast to self's; a read-only array. And, as
+        no in-place op is recorded on the tape, in grad mode a tensor or value that requires grad (write
+        under ``no_grad()``, as an optimizer does).
         """
-        if _grad_enabled and (self.requires_grad or (isinstance(other, Tensor) and other.requires_grad)):
-            which = "a tensor" if self.requires_grad else "a value"
-            raise RuntimeError(
-                f"{op}: {which} that requires grad (shape {self.shape if self.requires_grad else other.shape}) "
-                "cannot take part in an in-place op in grad mode, which is not recorded on the tape; write "
-                "inside no_grad(), as an optimizer's step does, or use the out-of-place op"
-            )
+        for t, which in ((self, "a tensor"), (other, "a value")):
+            if _grad_enabled and isinstance(t, Tensor) and t.requires_grad:
+                raise RuntimeError(
+                    f"{op}: {which} that requires grad (shape {t.shape}) cannot take part in an in-place op in "
+                    "grad mode, which is not recorded on the tape; write inside no_grad(), as an optimizer's "
+                    "step does, or use the out-of-place op"
+                )
+        # alpha = 1 takes no part in the promotion, so that bool tensors add as a logical or
         result = ops.result_type(self, other) if alpha == 1 else ops.result_type(self, other, alpha)
-        if divides:
+        if ufunc is np.true_divide:
             result = ops.floating(result)
-        if (result.kind == "c" and self.dtype.kind != "c") or not (
-            casts or ops.CATEGORY[result.kind] <= ops.CATEGORY[self.dtype.kind]
-        ):
+        if ops.CATEGORY[result.kind] > ops.CATEGORY[self.dtype.kind] and (ufunc is not None or result.kind == "c"):
             raise RuntimeError(f"{op}: result type {result} can't be cast to the tensor's dtype {self.dtype}")
         if not ops.can_hold(result, alpha):
             raise RuntimeError(f"{op}: alpha {alpha!r} cannot be converted to the result dtype {result}")
@@ -405,7 +394,10 @@ class Tensor:
             raise RuntimeError(
                 f"{op}: a value of shape {b.shape} does not broadcast to the tensor's shape {self.shape}"
             ) from None
-        write(self.data, b if casts else b.astype(result, copy=False))
+        if ufunc is None:
+            np.copyto(self.data, b, casting="unsafe")
+        else:
+            ufunc(self.data, alpha * b.astype(result, copy=False), out=self.data, casting="unsafe")
         increment_version(self)
         return self
 
@@ -561,38 +553,10 @@ def backprop(
             f"backward: the tensor of shape {root.shape} does not require grad and has no "
             "recorded op (did it come from constants or from inside no_grad()?)"
         )
-    if gradient is None:
-        if root.size != 1:
-            raise RuntimeError(
-                f"backward: grad can be implicitly created only for one-element outputs, but "
-                f"this output has shape {root.shape}; pass gradient= (an array of that shape)"
-            )
-        gradient = np.ones_like(root.data)
-    else:
-        try:
-            gradient = np.asarray(gradient.data if isinstance(gradient, Tensor) else gradient)
-        except ValueError as e:  # a ragged nested list
-            raise ValueError(f"backward: gradient is not an array of numbers: {e}") from None
-        if gradient.dtype.kind not in "biuf":  # (a cast would drop a complex gradient's imaginary part)
-            raise TypeError(
-                f"backward: gradient has dtype {gradient.dtype}, but the output (shape {root.shape}, dtype "
-                f"{root.dtype}) is real: its gradient must be real numbers"
-            )
-        gradient = gradient.astype(root.dtype, copy=False)
-        if gradient.shape != root.shape:
-            raise RuntimeError(f"backward: gradient has shape {gradient.shape} but the output has shape {root.shape}")
-
     order = _topological_order(root)
-    runs = reaches = None
-    if inputs is not None:
-        reaches = {id(t) for t in inputs}  # the tensors from which the tape leads down to an input
-        runs = set()  # the ops whose backward is on such a path
-        for t in order:  # inputs before outputs
-            if t._ctx is not None and any(id(i) in reaches for i in t._ctx.inputs if isinstance(i, Tensor)):
-                runs.add(id(t))
-                reaches.add(id(t))
+    runs, reaches = (None, None) if inputs is None else _paths_to(order, inputs)
     kept = {id(t) for t in inputs or ()}
-    grads: dict[int, tuple[Tensor, np.ndarray]] = {id(root): (root, gradient)}
+    grads: dict[int, tuple[Tensor, np.ndarray]] = {id(root): (root, _root_gradient(root, gradient))}
     for t in reversed(order):
         ctx = t._ctx
         if ctx is None or id(t) not in grads or (runs is not None and id(t) not in runs):
@@ -637,6 +601,42 @@ def backprop(
     return grads
 
 
+def _root_gradient(root: Tensor, gradient: Any) -> np.ndarray:
+    """dL/d(root): ones for a one-element root if no ``gradient`` is given, else ``gradient``, which must be
+    real numbers of the root's shape, cast to its dtype (as PyTorch casts integers and bools)."""
+    if gradient is None:
+        if root.size != 1:
+            raise RuntimeError(
+                f"backward: grad can be implicitly created only for one-element outputs, but "
+                f"this output has shape {root.shape}; pass gradient= (an array of that shape)"
+            )
+        return np.ones_like(root.data)
+    try:
+        gradient = np.asarray(gradient.data if isinstance(gradient, Tensor) else gradient)
+    except ValueError as e:  # a ragged nested list
+        raise ValueError(f"backward: gradient is not an array of numbers: {e}") from None
+    if gradient.dtype.kind not in "biuf":  # (a cast would drop a complex gradient's imaginary part)
+        raise TypeError(
+            f"backward: gradient has dtype {gradient.dtype}, but the output (shape {root.shape}, dtype "
+            f"{root.dtype}) is real: its gradient must be real numbers"
+        )
+    gradient = gradient.astype(root.dtype, copy=False)
+    if gradient.shape != root.shape:
+        raise RuntimeError(f"backward: gradient has shape {gradient.shape} but the output has shape {root.shape}")
+    return gradient
+
+
+def _paths_to(order: list[Tensor], inputs: Sequence[Tensor]) -> tuple[set[int], set[int]]:
+    """(the ops whose backward lies on a path down to one of ``inputs``, the tensors from which such a path
+    starts: those ops' outputs and the inputs themselves), by id; ``order`` is inputs before outputs."""
+    reaches, runs = {id(t) for t in inputs}, set()
+    for t in order:
+        if t._ctx is not None and any(id(i) in reaches for i in t._ctx.inputs if isinstance(i, Tensor)):
+            runs.add(id(t))
+            reaches.add(id(t))
+    return runs, reaches
+
+
 def grad(
     output: Tensor, inputs: Tensor | Sequence[Tensor], gradient: Any = None, retain_graph: bool = False
 ) -> tuple[np.ndarray, ...]:
@@ -662,7 +662,7 @@ def grad(
             )
     grads = backprop(output, gradient, retain_graph, inputs=inputs)
     # np.array copies: a backward may hand back a read-only broadcast view, or the caller's own `gradient`
-    return tuple(np.array(grads[id(t)][1], dtype=t.dtype) if id(t) in grads else np.zeros_like(t.data) for t in inputs)
+    return tuple(np.array(grads[id(t)][1]) if id(t) in grads else np.zeros_like(t.data) for t in inputs)
 
 
 def _topological_order(root: Tensor) -> list[Tensor]:

@@ -222,6 +222,9 @@ def test_a_parameter_listed_twice_is_warned_about_as_in_pytorch():
         SGD([p, p], lr=0.1)
     with pytest.warns(UserWarning, match="Adam: parameter group 1 holds a parameter more than once"):
         Adam([{"params": [param([0.0])]}, {"params": [p, p]}])
+    with pytest.warns(UserWarning, match="SGD: parameter group 1 holds a parameter more than once") as record:
+        SGD([param([0.0])]).add_param_group({"params": [p, p]})
+    assert record[0].filename == __file__  # the caller's line, as from the constructor
 
 
 # -- parameter groups and state dicts ----------------------------------------------------------------------

@@ -160,11 +160,19 @@ def test_concatenate_and_stack(tensors, expected):
 
 @pytest.mark.parametrize(
     "a, value",
-    [(dim(f32), 1j), (dim(i64), np.nan), (dim(i64), np.inf), (dim(i8), 300), (dim(u8), -1), (dim(f32), 1e300)],
+    [
+        (dim(f32), 1j),
+        (dim(b1), 1j),
+        (dim(i64), np.nan),
+        (dim(i64), np.inf),
+        (dim(i8), 300),
+        (dim(u8), -1),
+        (dim(f32), 1e300),
+    ],
 )
 def test_masked_fill_refuses_a_value_the_input_cannot_hold(a, value):
     # NumPy's cast dropped the imaginary part, or wrapped around (int8 300 -> 44); PyTorch raises
-    message = rf"masked_fill: value .* cannot be converted to the input's dtype {a.dtype}$"
+    message = rf"masked_fill: value .* cannot be converted to the tensor's dtype {a.dtype}$"
     with pytest.raises(RuntimeError, match=message):
         a.masked_fill(np.array([True, False, False]), value)
 

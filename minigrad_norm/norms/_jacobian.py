@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.norms._args import array_of, channel_call_args
+from minigrad_norm.norms._args import array_of
+from minigrad_norm.norms._channel import channel_call_args
 from minigrad_norm.norms._node import View
 from minigrad_norm.tensor import Tensor
 

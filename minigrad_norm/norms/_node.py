@@ -50,7 +50,7 @@ class RunningStats:
     ``new = (1 - momentum) * old + momentum * batch_stat``, with the *unbiased*
     batch variance ``var * count / (count - 1)``. Per-sample statistics (N, C)
     (InstanceNorm) are averaged over N first, as PyTorch does. Both buffers are
-    there (``_args.check_buffer_pair``).
+    there (``_channel.check_buffer_pair``).
     """
 
     mean: np.ndarray

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from minigrad_norm.norms._args import channel_norm
+from minigrad_norm.norms._channel import channel_norm
 from minigrad_norm.norms._jacobian import channel_jacobians
 from minigrad_norm.tensor import Tensor
 
