@@ -532,7 +532,8 @@ class GetItem(Function):
 
     @staticmethod
     def forward(ctx: Context, a: np.ndarray, index: Any) -> np.ndarray:
-        ctx.index, ctx.shape = copy.deepcopy(index), a.shape
+        # (a basic index holds only ints, slices, None and Ellipsis, which no write can change)
+        ctx.index, ctx.shape = index if _is_basic_index(index) else copy.deepcopy(index), a.shape
         try:
             y = a[index]
         except IndexError as e:

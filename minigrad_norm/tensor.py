@@ -397,7 +397,8 @@ class Tensor:
         if ufunc is None:
             np.copyto(self.data, b, casting="unsafe")
         else:
-            ufunc(self.data, alpha * b.astype(result, copy=False), out=self.data, casting="unsafe")
+            b = b.astype(result, copy=False)
+            ufunc(self.data, b if alpha == 1 else alpha * b, out=self.data, casting="unsafe")  # (no temporary for 1)
         increment_version(self)
         return self
 
