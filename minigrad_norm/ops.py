@@ -762,12 +762,20 @@ def masked_fill(a: Tensor, mask: Any, value: float | Tensor) -> Tensor:
 def fill_value(op: str, value: Any, dtype: np.dtype) -> np.ndarray:
     """``value`` (a number or a 0-d tensor) as a 0-d array, refused unless ``dtype`` can hold it (``can_hold``):
     NumPy's cast would drop an imaginary part, or wrap an integer around (int8 300 is 44)."""
+    x = number(op, "value", value)
+    if not can_hold(dtype, x):
+        raise RuntimeError(f"{op}: value {x!r} cannot be converted to the tensor's dtype {dtype}")
+    return np.asarray(x)
+
+
+def number(op: str, name: str, value: Any) -> bool | int | float | complex:
+    """``value``, a number or a 0-d tensor (PyTorch's Scalar), as a Python number."""
     v = np.asarray(value.data if isinstance(value, Tensor) else value)
     if v.ndim != 0:
-        raise ValueError(f"{op}: value must be a number or a 0-d tensor, got shape {v.shape}")
-    if v.dtype.kind not in "biufc" or not can_hold(dtype, v.item()):
-        raise RuntimeError(f"{op}: value {v.item()!r} cannot be converted to the tensor's dtype {dtype}")
-    return v
+        raise ValueError(f"{op}: {name} must be a number or a 0-d tensor, got shape {v.shape}")
+    if v.dtype.kind not in "biufc":
+        raise TypeError(f"{op}: {name} must be a number or a 0-d tensor, got {type(value).__name__}")
+    return v.item()
 
 
 def can_hold(dtype: np.dtype, x: bool | int | float | complex) -> bool:

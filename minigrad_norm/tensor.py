@@ -184,6 +184,13 @@ class Function:
         if _grad_enabled and any(ctx.needs_input_grad):
             out.requires_grad = True
             out._ctx = ctx
+        # A view of a tensor that requires grad, made under no_grad() (or a view of such a view), must not be
+        # written in grad mode: PyTorch forbids it as ambiguous (should the write be tracked or not?).
+        for a in args:
+            if isinstance(a, Tensor) and (a._no_grad_view or (not _grad_enabled and a._requires_grad)):
+                out._no_grad_view = _owner(a.data) is _owner(out.data)
+                if out._no_grad_view:
+                    break
         return out
 
 
@@ -212,6 +219,7 @@ class Tensor:
         self.grad: np.ndarray | None = None
         self._ctx: Context | None = None
         self._retains_grad = False
+        self._no_grad_view = False
         self.requires_grad = requires_grad
 
     # -- attributes ---------------------------------------------------------
@@ -330,11 +338,11 @@ class Tensor:
             self.grad[...] = 0
 
     # -- in-place ops (PyTorch's), outside the graph ---------------------------
-    def add_(self, other: Any, alpha: float = 1) -> Tensor:
+    def add_(self, other: Any, alpha: float | Tensor = 1) -> Tensor:
         """self += alpha * other, in place (``torch.Tensor.add_``); returns self."""
         return self._write("add_", np.add, other, alpha)
 
-    def sub_(self, other: Any, alpha: float = 1) -> Tensor:
+    def sub_(self, other: Any, alpha: float | Tensor = 1) -> Tensor:
         """self -= alpha * other, in place; returns self."""
         ops.refuse_bool("sub_", "subtraction", self, other)
         return self._write("sub_", np.subtract, other, alpha)
@@ -359,17 +367,25 @@ class Tensor:
         """Every element = 0, in place; returns self."""
         return self._write("zero_", None, 0)
 
-    def _write(self, op: str, ufunc: np.ufunc | None, other: Any, alpha: float = 1) -> Tensor:
+    def _write(self, op: str, ufunc: np.ufunc | None, other: Any, alpha: float | Tensor = 1) -> Tensor:
         """``self = ufunc(self, alpha * other)`` computed in the ops' result dtype (PyTorch's: ``alpha * other``
         is computed there too), or, with no ufunc, ``self[...] = other`` (copy_, fill_); then count the write
         (``increment_version``), so that a backward through an op that saved the old values refuses them.
 
-        Refused, as in PyTorch: a result of a higher category than self's dtype (a float, or a float ``alpha``,
-        into an integer tensor; a copy casts any real value, truncating, but not a complex one); an ``alpha``
-        the result dtype cannot hold; a shape that does not broadcast to self's; a read-only array. And, as
-        no in-place op is recorded on the tape, in grad mode a tensor or value that requires grad (write
-        under ``no_grad()``, as an optimizer does).
+        Refused, as in PyTorch: in grad mode, a view made under ``no_grad()`` of a tensor that requires grad;
+        a result of a higher category than self's dtype (a float, or a float ``alpha``, into an integer tensor;
+        a copy casts any real value, truncating, but not a complex one); an ``alpha`` the result dtype cannot
+        hold; a shape that does not broadcast to self's; a read-only array. And, as no in-place op is recorded
+        on the tape, in grad mode a tensor or value that requires grad (write under ``no_grad()``, as an
+        optimizer does).
         """
+        alpha = ops.number(op, "alpha", alpha)
+        if _grad_enabled and self._no_grad_view:
+            raise RuntimeError(
+                f"{op}: the tensor (shape {self.shape}) is a view, made under no_grad(), of a tensor that requires "
+                "grad; writing it in place in grad mode is ambiguous (tracked or not?) and forbidden, as in "
+                "PyTorch: make the view and the write both inside no_grad(), or both outside"
+            )
         for t, which in ((self, "a tensor"), (other, "a value")):
             if _grad_enabled and isinstance(t, Tensor) and t.requires_grad:
                 raise RuntimeError(

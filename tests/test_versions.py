@@ -493,3 +493,57 @@ def test_in_place_ops_against_pytorch(dtype):
         getattr(ours, name)(*args, **kwargs)
         getattr(theirs, name)(*(torch.tensor(x) if isinstance(x, np.ndarray) else x for x in args), **kwargs)
         np.testing.assert_array_equal(ours.data, theirs.numpy(), err_msg=name)
+
+
+def test_alpha_may_be_a_0d_tensor_as_in_pytorch():
+    np.testing.assert_array_equal(Tensor(np.ones(2)).add_(np.ones(2), alpha=Tensor(np.array(2.5))).data, [3.5, 3.5])
+    np.testing.assert_array_equal(Tensor(np.ones(2)).sub_(1.0, alpha=np.array(3.0)).data, [-2.0, -2.0])
+    with pytest.raises(ValueError, match=r"add_: alpha must be a number or a 0-d tensor, got shape \(2,\)"):
+        Tensor(np.ones(2)).add_(1.0, alpha=np.ones(2))
+    with pytest.raises(TypeError, match=r"add_: alpha must be a number or a 0-d tensor, got str"):
+        Tensor(np.ones(2)).add_(1.0, alpha="2")
+    with pytest.raises(RuntimeError, match=r"add_: result type float64 can't be cast to the tensor's dtype int8"):
+        Tensor(np.ones(2, np.int8)).add_(1, alpha=Tensor(np.array(2.5)))
+
+
+def _views(t: Tensor) -> list[Tensor]:
+    return [t[0:2], t.reshape(3), t.reshape(3)[1:], t[1]]
+
+
+def test_a_view_made_under_no_grad_of_a_tensor_that_requires_grad_is_not_written_in_grad_mode():
+    w = leaf([1.0, 2.0, 3.0])
+    with mg.no_grad():
+        views, copy, detached = _views(w), w + 0.0, w.detach()
+    for v in [*views, views[0][0:1]]:  # a view of such a view too, made in grad mode
+        with pytest.raises(RuntimeError, match=r"add_: the tensor .* is a view, made under no_grad\(\), of a tensor"):
+            v.add_(1.0)
+    np.testing.assert_array_equal(w.data, [1.0, 2.0, 3.0])
+    copy.add_(1.0)
+    detached.mul_(2.0)  # .detach() shares the memory and may be written, as in PyTorch
+    np.testing.assert_array_equal(w.data, [2.0, 4.0, 6.0])
+    with mg.no_grad():
+        views[0].add_(1.0)  # both inside no_grad(): allowed
+    np.testing.assert_array_equal(w.data, [3.0, 5.0, 6.0])
+    x = Tensor(np.ones(3))
+    with mg.no_grad():
+        xv = x[0:2]
+    xv.add_(1.0)  # a view of a tensor that needs no grad
+    np.testing.assert_array_equal(x.data, [2.0, 2.0, 1.0])
+
+
+def test_the_no_grad_view_rule_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    for k in range(len(_views(Tensor(np.ones(3))))):
+        w, tw = leaf([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        with mg.no_grad():
+            v = _views(w)[k]
+        with torch.no_grad():
+            tv = [tw[0:2], tw.reshape(3), tw.reshape(3)[1:], tw[1]][k]
+        raised = []
+        for view in (v, tv):
+            try:
+                view.add_(1.0)
+                raised.append(False)
+            except RuntimeError:
+                raised.append(True)
+        assert raised == [True, True], k
