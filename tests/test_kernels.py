@@ -27,6 +27,7 @@ eps 1e-5, 1e-2 or 1, so that the variance falls below eps as well as far above i
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numba
 import numpy as np
@@ -1226,6 +1227,24 @@ def test_wrong_arguments_raise_on_both_backends(mod):
             "out has dtype int64",
         ),
         (lambda: mod.erf(np.array([1, 2])), TypeError, "erf: x must be a floating-point array"),
+        # (a Fraction is a Real, which only numba's float() read; stats of one array or of the wrong length
+        # failed in unpacking or by truth value; a complex out took a real result)
+        (lambda: mod.norm_forward(x, None, None, Fraction(1, 10**5)), TypeError, "eps must be a real number"),
+        (
+            lambda: mod.norm_forward(x, None, None, EPS, stats=np.zeros(3)),
+            TypeError,
+            r"norm_forward: stats must be None or a pair of arrays \(mean, var\), got ndarray",
+        ),
+        (
+            lambda: mod.norm_forward(x, None, None, EPS, stats=(mean,)),
+            TypeError,
+            r"norm_forward: stats must be None or a pair of arrays \(mean, var\), got tuple of length 1",
+        ),
+        (
+            lambda: mod.norm_forward(x, None, None, EPS, out=np.ones(x.shape, complex)),
+            TypeError,
+            "out has dtype complex128, which the float64 result cannot be cast to",
+        ),
     ]
     read_only = np.ones(x.shape)
     read_only.flags.writeable = False

@@ -57,18 +57,23 @@ Design points, each one tested in ``tests/test_kernels.py``:
   to the terms: where y or dx is a small difference of large terms (a bias cancelling
   xhat * w, a group of one value where dx is exactly 0 but dxhat * rstd is large) the
   relative error of the result can be large, as it is in PyTorch's float32 kernels.
-  Two assumptions: the float64 statistics agree with the reference's, which holds when
+  Four assumptions: the float64 statistics agree with the reference's, which holds when
   their float64 sums are exact or nearly so, but not when values of very different sizes
   cancel (254 ones beside 1e30 and -1e30: the sum depends on its order, and the means then
-  differ by far more than the bound); no result is subnormal (below 2^-126 each
-  rounding adds an absolute 2^-150, whatever the size of the terms); and no block sum of
-  dweight/dbias terms exceeds float32's range (3.4e38) where the whole sum does not.
+  differ by far more than the bound), nor where the last bit of a statistic decides (eps = 0
+  on a constant row: its variance 0 in one backend, NaN out, and a rounding error in the
+  other, +-1 out); no result is subnormal (below 2^-126 each rounding adds an absolute
+  2^-150, whatever the size of the terms); no float32 intermediate overflows where the
+  float64 one does not (rstd, only with eps below about 1e-77; dy * w; proj): it gives inf
+  or NaN, as in PyTorch's float32 kernels; and no block sum of dweight/dbias terms exceeds
+  float32's range (3.4e38) where the whole sum does not.
 * Only the reduction helpers (``@_helper``: one pass over one contiguous run, returning
   sums) carry a fastmath flag, ``reassoc``, which lets LLVM vectorize a sum by splitting
   it into lanes. Reordering a sum cannot turn NaN or +-inf into a finite number (a NaN,
   or inf with -inf, gives NaN in any order); no other flag (``nnan``, ``ninf``, ``nsz``,
-  ``contract``...) is used anywhere, and no fused multiply-add, so NaN/inf propagate as
-  in the reference (tested with NaN/inf in x, dy and the weight). ``error_model="numpy"``: 0/0 gives NaN (an
+  ``contract``...) is used anywhere, and no fused multiply-add, so NaN/inf in the inputs
+  propagate as in the reference (tested with NaN/inf in x, dy and the weight; intermediates under the
+  assumptions above). ``error_model="numpy"``: 0/0 gives NaN (an
   all-masked group), not ZeroDivisionError.
 * Parallel with ``prange`` over 64 runs of consecutive blocks (a channel each with ``reduce_batch``), forward
   and backward alike, or over chunks of rows (the rows' backward), each item's loop a function of its own

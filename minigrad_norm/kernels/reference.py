@@ -43,7 +43,6 @@ method) in complex128. Everything is written with analytic operations
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
@@ -76,10 +75,11 @@ def check_numeric(op: str, name: str, a: np.ndarray, kinds: str = "fc") -> None:
 
 
 def check_eps_type(op: str, eps: Any) -> None:
-    """eps is a real number: not text, which ``float("1e-5")`` reads (and numba's ``float(eps)`` would)
-    where NumPy's ``var + "1e-5"`` and PyTorch refuse it, nor a complex number, an array or None, on which
-    the backends would fail in different ways or give a complex output."""
-    if not isinstance(eps, numbers.Real):
+    """eps is a real number, a Python or NumPy int or float (as PyTorch's float argument): not a Fraction, which
+    NumPy's ufuncs refuse; nor text, which ``float("1e-5")`` reads (and numba's ``float(eps)`` would) where NumPy's
+    ``var + "1e-5"`` and PyTorch refuse it; nor a complex number, an array or None, on which the backends would
+    fail in different ways or give a complex output."""
+    if not isinstance(eps, int | float | np.integer | np.floating):
         raise TypeError(f"{op}: eps must be a real number, got {eps!r}")
 
 
@@ -118,7 +118,11 @@ def check_args(
         if a is not None:
             check_numeric(op, name, a)
             _check_shape(op, name, a, (G, K))
-    for name, a in zip(("mean", "var") if op == "norm_forward" else ("mean", "rstd"), stats or ()):
+    names = ("mean", "var") if op == "norm_forward" else ("mean", "rstd")
+    if stats is not None and not (isinstance(stats, tuple | list) and len(stats) == 2):
+        got = type(stats).__name__ + (f" of length {len(stats)}" if isinstance(stats, tuple | list) else "")
+        raise TypeError(f"{op}: stats must be None or a pair of arrays ({', '.join(names)}), got {got}")
+    for name, a in zip(names, stats or ()):
         check_numeric(op, name, a)
         _check_shape(op, name, a, (G,) if reduce_batch else (N, G))
     if mask is not None:
@@ -131,7 +135,7 @@ def check_args(
         _check_shape(op, "out", out, x.shape)
         if not out.flags.writeable:
             raise ValueError(f"{op}: out is read-only")
-        if not np.can_cast(x.dtype, out.dtype, "same_kind"):
+        if out.dtype.kind != x.dtype.kind or not np.can_cast(x.dtype, out.dtype, "same_kind"):
             raise TypeError(f"{op}: out has dtype {out.dtype}, which the {x.dtype} result cannot be cast to")
 
 
