@@ -247,8 +247,9 @@ class Module:
         as in PyTorch, which copies them in turn.
         Errors are ``RuntimeError`` listing every problem, as PyTorch's ("Error(s) in loading state_dict
         for ..."). Everything is checked before anything is copied, so a failed load leaves the module as
-        it was (PyTorch copies the entries before the failing one). Values are cast to each target's dtype:
-        numbers only (a text or object value is an error, and a complex one into a real target).
+        it was (PyTorch copies every entry that fits, those after a failing one too, then raises). Values are
+        cast to each target's dtype: numbers only (a text or object value is an error, and a complex one into
+        a real target).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"load_state_dict: expected state_dict to be a mapping, got {type(state_dict).__name__}")

@@ -31,9 +31,9 @@ encoder-only) stack of N layers.
 Initialisation: ``init="torch"`` (default) keeps PyTorch's ``Linear`` init,
 U(-1/sqrt(fan_in), 1/sqrt(fan_in)), so that weights can be compared with
 ``torch.nn.TransformerEncoderLayer``. ``init="xavier"`` redraws every Linear
-weight from Xavier-normal (gain 1) with zero biases, the setting of Vaswani
-et al., Xiong et al. 2020 and DeepNet (DeepNorm's beta is applied on top of
-either).
+weight of the blocks from Xavier-normal (gain 1) with zero biases, the setting
+of Vaswani et al., Xiong et al. 2020 and DeepNet (DeepNorm's beta is applied
+on top of either); ``TransformerLM``'s embeddings and head keep their own init.
 """
 
 from __future__ import annotations
