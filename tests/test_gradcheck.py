@@ -138,9 +138,18 @@ def test_nan_on_either_side_fails():
             return g * np.nan
 
     assert not gradcheck(NaNGrad.apply, (leaf([1.0]),), raise_exception=False)
+    # caught by the entrywise comparison itself, not only by the check of random output gradients
+    with pytest.raises(GradcheckError, match="Jacobian mismatch"):
+        gradcheck(NaNGrad.apply, (leaf([1.0]),))
     # log of a negative number: NaN forward, so NaN finite differences
     with np.errstate(invalid="ignore"):
         assert not gradcheck(lambda t: t.log(), (leaf([-1.0]),), raise_exception=False)
+
+
+def test_a_zero_or_missing_gradient_fails_as_a_jacobian_mismatch(monkeypatch):
+    monkeypatch.setattr(SinWith, "rule", staticmethod(lambda g: 0.0 * g))
+    with pytest.raises(GradcheckError, match="Jacobian mismatch"):
+        gradcheck(SinWith.apply, (leaf([0.1, 0.5]),))
 
 
 def test_jacobians_are_2d_out_by_in_and_leave_grads_alone(rng):
@@ -430,6 +439,15 @@ def test_a_backward_that_is_not_linear_in_its_gradient_is_caught(rule, method, r
         gradcheck(fn, (x,), method=method)
 
 
+def test_the_linearity_check_holds_a_rule_to_its_stated_bound(monkeypatch):
+    """A rule 1 % off for |g| > 2 is right on every unit vector; the stated bound, about 0.2 % of |v| here,
+    catches it (a bound 100 times as wide would not)."""
+    x = leaf([0.1, 0.5, 1.0, -0.3])
+    monkeypatch.setattr(SinWith, "rule", staticmethod(lambda g: np.where(np.abs(g) > 2, 1.01 * g, g)))
+    with pytest.raises(GradcheckError, match="not linear in its incoming gradient"):
+        gradcheck(SinWith.apply, (x,))
+
+
 def test_a_backward_that_writes_into_its_gradient_is_caught():
     """In a graph the gradient array is shared (``a + b`` hands the same one to both inputs): writing into it
     changes a sibling's gradient."""
@@ -557,6 +575,30 @@ def test_complex_step_passes_an_analytic_forward_where_central_differences_are_c
     assert gradcheck(Shifted.apply, (x,), method="complex")
     big = leaf([1e11, -2e11])
     assert gradcheck(lambda t: (t * 1e-11).tanh() * 1e11, (big,), method="complex")
+
+
+class AbsSquaredShifted(Function):
+    """y = x conj(x) + c: not complex-analytic, so the complex step gives 0 where dy/dx = 2x; the backward here
+    agrees with the complex step."""
+
+    shift = 1e9
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * np.conj(x) + AbsSquaredShifted.shift
+
+    @staticmethod
+    def backward(ctx, g):
+        return 0.0 * g
+
+
+@pytest.mark.parametrize("shift", [1e6, 1e9])
+def test_the_complex_step_cross_check_allows_no_more_than_the_roundoff_of_large_outputs(shift, monkeypatch):
+    """The cross-check's allowance for central differences' roundoff, about 16 u |f| / h, is 3.6 for f = 1e9 and
+    h = 1e-6 * max|x| = 3e-6 (Shifted above needs about 0.2 of it); a wrong rule 4 to 6 off is still caught."""
+    monkeypatch.setattr(AbsSquaredShifted, "shift", shift)
+    with pytest.raises(GradcheckError, match="not complex-analytic"):
+        gradcheck(AbsSquaredShifted.apply, (leaf([2.0, 3.0]),), method="complex")
 
 
 def test_complex_step_gives_a_zero_column_for_an_input_fn_does_not_use():

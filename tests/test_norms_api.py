@@ -161,6 +161,19 @@ def test_eps_zero_is_allowed_in_layer_norm_and_rms_norm_only() -> None:
     assert np.isfinite(rms_norm(x + 1, 4, eps=0.0).data).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rms_norm_eps_none_is_the_machine_epsilon_of_the_input_dtype(dtype) -> None:
+    """Rows of mean square 1e-8, where float32's epsilon (1.2e-7) dominates and float64's (2.2e-16) does not: an
+    eps of the other dtype changes y by a factor of up to 3.6."""
+    x = (1e-4 * np.random.default_rng(0).choice([-1.0, 1.0], (3, 8))).astype(dtype)
+    for module in (False, True):
+        y = (nn.RMSNorm(8, dtype=dtype, elementwise_affine=False)(x) if module else rms_norm(x, 8)).data
+        want = x.astype(np.float64) / np.sqrt(
+            np.mean(x.astype(np.float64) ** 2, -1, keepdims=True) + np.finfo(dtype).eps
+        )
+        np.testing.assert_allclose(y, want, rtol=1e-5 if dtype == np.float32 else 1e-13)
+
+
 def test_functionals_are_exported_with_pytorch_names_and_defaults() -> None:
     import inspect
 

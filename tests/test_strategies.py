@@ -13,10 +13,10 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import find, given
 from hypothesis import strategies as st
 
-from minigrad_norm.testing import arrays, ensure_spread, masks, spread_arrays
+from minigrad_norm.testing import arrays, channel_shapes, ensure_spread, layer_norm_shapes, masks, spread_arrays
 
 
 def _pairwise_gap(a: np.ndarray) -> float:
@@ -133,3 +133,22 @@ def test_ensure_spread_refuses_axes_the_array_does_not_have(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         ensure_spread(np.ones(shape), axes)
+
+
+# -- shapes ------------------------------------------------------------------------------------------
+def test_shape_strategies_draw_their_smallest_allowed_case() -> None:
+    """The degenerate cases they promise are drawn (``find`` fails when no example is): the smallest group
+    of a LayerNorm, no spatial dims, the smallest map."""
+    for min_group in (1, 2, 3):
+        find(layer_norm_shapes(min_group=min_group), lambda t, m=min_group: math.prod(t[1]) == m)
+    find(channel_shapes(), lambda s: len(s) == 2)
+    for min_spatial in (2, 4):
+        find(channel_shapes(min_spatial=min_spatial), lambda s, m=min_spatial: math.prod(s[2:]) == m)
+
+
+@given(data=st.data())
+def test_shape_strategies_never_go_below_their_minimum(data: st.DataObject) -> None:
+    min_group, min_spatial = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+    x_shape, normalized = data.draw(layer_norm_shapes(min_group=min_group))
+    assert x_shape[len(x_shape) - len(normalized) :] == normalized and math.prod(normalized) >= min_group
+    assert math.prod(data.draw(channel_shapes(min_spatial=min_spatial))[2:]) >= min_spatial
