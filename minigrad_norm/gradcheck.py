@@ -115,6 +115,7 @@ def numerical_jacobian(
 
     ``eps`` defaults to 1e-6 for ``"central"`` and 1e-30 for ``"complex"``.
     ``fn`` is called on fresh, graph-free copies; the inputs are not modified.
+    Central differences refuse an input that requires grad and is not float64.
     With ``"complex"``, an output that comes back real raises ``TypeError``
     (a cast or ``abs`` dropped the imaginary part), unless fn does not use
     that input element at all (its output is bit-for-bit unchanged when the
@@ -126,11 +127,21 @@ def numerical_jacobian(
     _check_method("numerical_jacobian", method)
     h = eps if eps is not None else (1e-6 if method == "central" else 1e-30)
     _check_positive("numerical_jacobian", "eps", h)
+    if method == "central":  # (the complex step pushes x as complex128, exact whatever x's dtype)
+        _check_float64("numerical_jacobian", inputs)
 
     def f(k: int, xk: np.ndarray) -> np.ndarray:
         args = [Tensor(xk) if i == k else Tensor(t.data.copy()) for i, t in enumerate(inputs)]
         with no_grad():
-            return _flat_output("numerical_jacobian", fn(*args))
+            try:
+                return _flat_output("numerical_jacobian", fn(*args))
+            except TypeError as e:
+                if not np.iscomplexobj(xk):
+                    raise
+                raise TypeError(
+                    f"numerical_jacobian: fn failed on a complex input {k} ({e}); the complex step needs every "
+                    "operation in fn to take complex numbers; use method='central'"
+                ) from e
 
     jacobians = []
     for k in _wrt(inputs):
@@ -177,6 +188,15 @@ def _uses_element(f: Callable[[int, np.ndarray], np.ndarray], k: int, x: np.ndar
     xp = x.copy()
     xp.flat[j] += 1e-3 * max(1.0, abs(float(xp.flat[j])))
     return not np.array_equal(f(k, xp), out, equal_nan=True)
+
+
+def _check_float64(op: str, inputs: tuple[Tensor, ...]) -> None:
+    for k, t in enumerate(inputs):
+        if t.requires_grad and t.dtype != np.float64:
+            raise TypeError(
+                f"{op}: input {k} (shape {t.shape}) is {t.dtype}; finite differences need float64 inputs (in "
+                "float32 their roundoff, about u |f| / eps, is some percent of the derivative)"
+            )
 
 
 def _check_method(op: str, method: str) -> None:
@@ -263,12 +283,8 @@ def gradcheck_report(
     atol, rtol = _tolerances(method, atol, rtol)
     if eps is not None:
         _check_positive("gradcheck", "eps", eps)
+    _check_float64("gradcheck", inputs)
     for k, t in enumerate(inputs):
-        if t.requires_grad and t.dtype != np.float64:
-            raise TypeError(
-                f"gradcheck: input {k} (shape {t.shape}) is {t.dtype}; finite differences need "
-                "float64 inputs (in float32 their roundoff exceeds these tolerances)"
-            )
         if t.requires_grad and not np.isfinite(t.data).all():
             j = _input_element(int(np.argmin(np.isfinite(t.data).ravel())), t.shape)
             raise ValueError(
@@ -298,6 +314,7 @@ def gradcheck_report(
     if len(again) != len(outs) or any(not np.array_equal(a.data, o.data, equal_nan=True) for a, o in zip(again, outs)):
         return failed("gradcheck: fn is not deterministic: two calls on the same inputs gave different outputs")
     shapes = [o.shape for o in outs]
+    flat = _flat_output("gradcheck", outs)
 
     try:
         analytic = _reverse_jacobian(fn, inputs)
@@ -332,7 +349,7 @@ def gradcheck_report(
                 f"{_output_element(i, shapes)}, input element {_input_element(j, inputs[k].shape)}: analytic "
                 f"{a[i, j]:.10g}, numerical {n[i, j]:.10g} ({method}), abs error {diff[i, j]:.3e} "
                 f"> atol {atol:g} + rtol {rtol:g} * |numerical|; {int(bad.sum())} of {bad.size} "
-                "entries disagree"
+                "entries disagree" + _mismatch_hint(fn, inputs, k, a, method, eps, float(flat[i]), diff[i, j])
             )
     if not failure:
         failure = _nonlinear_backward(fn, inputs, numeric, atol, rtol)
@@ -345,6 +362,43 @@ def gradcheck_report(
             stacklevel=3,
         )
     return GradcheckReport(not failure, worst_abs, worst_rel, failure)
+
+
+def _mismatch_hint(
+    fn: Fn, inputs: tuple[Tensor, ...], k: int, a: np.ndarray, method: str, eps: float | None, f: float, err: float
+) -> str:
+    """What may explain a mismatch other than a wrong rule: a graph that does not reach input k (fn left the
+    engine), or central differences' roundoff, about u |f| / eps, as large as the error (an output far from 0)."""
+    if not a.any():
+        with enable_grad():
+            outs = _outputs("gradcheck", fn(*inputs))
+        if not _reaches(outs, inputs[k]):
+            return (
+                f"; no output of fn reaches input {k} in the graph: something in fn left the engine (.data, "
+                ".numpy(), np.asarray, a new Tensor) and cut it"
+            )
+    if method == "central":
+        h = 1e-6 if eps is None else eps
+        noise = 16 * np.finfo(np.float64).eps * abs(f) / h
+        if err <= noise:
+            return (
+                f"; central differences' roundoff here is about {noise:.1e} (output {f:.4g}, step {h:g}), as large "
+                "as the error: subtract the output's constant part in fn, or use method='complex' if fn is analytic"
+            )
+    return ""
+
+
+def _reaches(outs: Sequence[Tensor], t: Tensor) -> bool:
+    """Whether ``t`` is in the graph of one of ``outs``."""
+    seen, stack = set(), [o for o in outs if o.requires_grad]
+    while stack:
+        u = stack.pop()
+        if u is t:
+            return True
+        if id(u) not in seen and u._ctx is not None:
+            seen.add(id(u))
+            stack.extend(i for i in u._ctx.inputs if isinstance(i, Tensor))
+    return False
 
 
 def _tolerances(method: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
@@ -413,25 +467,32 @@ def _complex_step_mismatch(
     ``outs`` are fn's outputs at ``inputs``.
 
     The complex step is only right for a forward that is complex-analytic. Central differences here take
-    a step of 1e-6 times the largest |input| (at least 1e-6), and their roundoff, about u |f| / h per
-    entry (u the unit roundoff, f the output), is added to the tolerances, so that an output far from 0
-    (f = x^2 + 1e9) does not pass for a non-analytic forward.
+    a step h of 1e-6 times the largest |input| (at least 1e-6). Two errors of theirs are added to the
+    tolerances: their roundoff, about u |f| / h per entry (u the unit roundoff, f the output), so that an
+    output far from 0 (f = x^2 + 1e9) does not pass for a non-analytic forward; and their truncation,
+    O(h^2), estimated from a second set with step h/2 (Richardson: the error of the first is about 4/3 of
+    their difference, allowed twice over), so that large inputs (x^3 or sin x at x = 1e5, where h = 0.1)
+    do not fail an analytic one. A forward that is not analytic differs from the complex step by its
+    whole derivative, whatever the step.
     """
     wrt = _wrt(inputs)
     scale = max((float(np.max(np.abs(inputs[k].data), initial=0.0)) for k in wrt), default=0.0)
     h = 1e-6 * max(1.0, scale)
     central = numerical_jacobian(fn, inputs, h, "central")
+    finer = numerical_jacobian(fn, inputs, h / 2, "central")
     shapes = [o.shape for o in outs]
     roundoff = 16 * np.finfo(np.float64).eps * np.abs(_flat_output("gradcheck", outs))[:, None] / h
-    for k, c, n in zip(wrt, central, numeric):
-        if (where := _worst_mismatch(n, c, _CENTRAL_ATOL + roundoff, _CENTRAL_RTOL)) is not None:
+    for k, c, c2, n in zip(wrt, central, finer, numeric):
+        allowed = _CENTRAL_ATOL + roundoff + 8 / 3 * np.abs(c - c2)
+        if (where := _worst_mismatch(n, c, allowed, _CENTRAL_RTOL)) is not None:
             i, j = where
             return (
                 f"gradcheck: for input {k} at {_output_element(i, shapes)}, input element "
                 f"{_input_element(j, inputs[k].shape)} the complex step gives {n[i, j]:.10g} but central "
-                f"differences {c[i, j]:.10g} (step {h:g}, their roundoff here about {roundoff[i, 0]:.1e}): fn is "
-                "not complex-analytic (abs, maximum, comparisons, casts to a real dtype drop the imaginary "
-                "part), so the complex step is wrong for it; use method='central'"
+                f"differences {c[i, j]:.10g} (step {h:g}; their roundoff here about {roundoff[i, 0]:.1e}, "
+                f"their truncation about {4 / 3 * abs(c[i, j] - c2[i, j]):.1e}): fn is not complex-analytic "
+                "(abs, maximum, comparisons, casts to a real dtype drop the imaginary part), so the complex "
+                "step is wrong for it; use method='central'"
             )
     return ""
 
@@ -482,7 +543,8 @@ def gradcheck(
     failure, raises ``GradcheckError`` naming the input, the worst element
     and both values (or returns False when ``raise_exception`` is False).
     Float32 inputs or outputs, a Tensor passed twice and bad arguments raise
-    ``TypeError``/``ValueError`` instead. Warns when every entry of an
+    ``TypeError``/``ValueError`` instead, and so do the engine's own errors
+    (a backward returning a gradient of the wrong shape, or none). Warns when every entry of an
     input's Jacobian is below atol (nothing there can fail).
     """
     report = gradcheck_report(fn, inputs, eps=eps, atol=atol, rtol=rtol, method=method)

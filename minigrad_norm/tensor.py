@@ -178,9 +178,20 @@ class Function:
         Positional Tensor arguments are the differentiable inputs; everything
         else (keyword arguments, Python numbers, masks) is passed through.
         """
+        if tensors := [name for name, v in kwargs.items() if isinstance(v, Tensor)]:
+            raise TypeError(
+                f"{cls.__name__}.apply: keyword argument(s) {', '.join(tensors)} are Tensors; only positional "
+                "Tensors are differentiated inputs (their arrays reach forward): pass them positionally"
+            )
         ctx = Context(cls, args)
         raw = [a.data if isinstance(a, Tensor) else a for a in args]
-        out = Tensor(cls.forward(ctx, *raw, **kwargs))
+        result = cls.forward(ctx, *raw, **kwargs)
+        if isinstance(result, tuple | list | Tensor):
+            raise TypeError(
+                f"{cls.__name__}.forward returned a {type(result).__name__}; a Function has one output, an "
+                "array (for several, write one Function per output, or return them stacked and index the result)"
+            )
+        out = Tensor(result)
         if _grad_enabled and any(ctx.needs_input_grad):
             out.requires_grad = True
             out._ctx = ctx

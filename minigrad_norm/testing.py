@@ -3,7 +3,7 @@
 The project's own tests use these; they are public so that a user can test
 an op of their own the same way::
 
-    from hypothesis import given
+    from hypothesis import given, strategies as st
     from minigrad_norm.testing import arrays, broadcastable_shapes
 
     @given(broadcastable_shapes().flatmap(lambda s: st.tuples(arrays(s[0]), arrays(s[1]))))
@@ -144,6 +144,8 @@ def _gap_arrays(
 
 
 def dtypes(choices: Sequence[type] = (np.float32, np.float64)) -> st.SearchStrategy[np.dtype]:
+    """One of ``choices`` as a NumPy dtype; ``arrays`` takes a dtype, not a strategy: draw it first
+    (``dtypes().flatmap(lambda d: arrays((3,), d))``)."""
     return st.sampled_from([np.dtype(d) for d in choices])
 
 

@@ -630,3 +630,81 @@ def test_complex_step_defaults_are_tight_enough_for_a_slightly_wrong_eps():
     assert gradcheck(RMS.apply, (x,))
     with pytest.raises(GradcheckError, match=r"Jacobian mismatch.*\(complex\).*atol 1e-08 \+ rtol 1e-06"):
         gradcheck(RMS.apply, (x,), method="complex")
+
+
+def test_the_complex_step_cross_check_allows_central_differences_truncation_at_large_inputs():
+    """Its step is 1e-6 times the largest |input|: 0.03 for an unrelated input of 3e4, 0.1 at x = 1e5, where
+    the truncation of central differences (h^2 f''' / 6) exceeded the tolerances of a right rule."""
+    assert gradcheck(lambda a, b: a**3 + b, (leaf([0.5]), leaf([3e4])), method="complex")
+    assert gradcheck(lambda a: a**3, (leaf([0.5, 1e5]),), method="complex")
+    assert gradcheck(SinWith.apply, (leaf([0.3, 1e5, 1e6]),), method="complex")
+    assert gradcheck(lambda a, b: a.exp() * b, (leaf([0.5]), leaf([1e5])), method="complex")
+    # a non-analytic forward differs by its whole derivative, whatever the step: still refused
+    with pytest.raises(GradcheckError, match="not complex-analytic"):
+        gradcheck(lambda a, b: AbsSquaredShifted.apply(a) + b, (leaf([0.5, 2.0]), leaf([3e4])), method="complex")
+
+
+def test_a_mismatch_within_central_differences_roundoff_says_so(monkeypatch):
+    def fn(t):  # a right rule, whose output is far from 0
+        return (t * t).sum() * 0.01 + 1e6
+
+    with pytest.raises(GradcheckError, match=r"Jacobian mismatch.*central differences' roundoff here is about"):
+        gradcheck(fn, (leaf([0.3, -0.7, 1.1]),))
+    assert gradcheck(fn, (leaf([0.3, -0.7, 1.1]),), method="complex")
+    monkeypatch.setattr(SinWith, "rule", staticmethod(lambda g: 2 * g))  # wrong far above the roundoff: no hint
+    with pytest.raises(GradcheckError, match="Jacobian mismatch") as e:
+        gradcheck(SinWith.apply, (leaf([0.3]),))
+    assert "roundoff" not in str(e.value)
+
+
+def test_a_graph_cut_inside_fn_is_named():
+    with pytest.raises(GradcheckError, match=r"no output of fn reaches input 0 in the graph.*\.data"):
+        gradcheck(lambda a: Tensor(np.sin(a.data)), (leaf([0.3, 0.5]),))
+    with pytest.raises(GradcheckError, match=r"Jacobian mismatch") as e:  # a zero rule on a connected graph
+        gradcheck(lambda a: a * 0.0 + Tensor(np.sin(a.data)), (leaf([0.3, 0.5]),))
+    assert "reaches" not in str(e.value)
+
+
+def test_numerical_jacobian_refuses_float32_central_differences():
+    with pytest.raises(TypeError, match=r"numerical_jacobian: input 0 \(shape \(2,\)\) is float32"):
+        numerical_jacobian(lambda t: t * 2.0, (leaf([1.0, 2.0], np.float32),))
+
+
+def test_a_forward_without_a_complex_version_is_named_under_the_complex_step():
+    class LogAddExp(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return np.logaddexp(x, 0.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            raise AssertionError("not reached")
+
+    with pytest.raises(TypeError, match=r"numerical_jacobian: fn failed on a complex input 0 .*method='central'"):
+        numerical_jacobian(LogAddExp.apply, (leaf([0.5]),), method="complex")
+
+
+def test_a_function_has_one_output_and_positional_tensor_inputs():
+    class Two(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.mean(), x.std()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise AssertionError("not reached")
+
+    class Scale(Function):
+        @staticmethod
+        def forward(ctx, x, w=None):
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            raise AssertionError("not reached")
+
+    with pytest.raises(TypeError, match=r"Two.forward returned a tuple; a Function has one output"):
+        Two.apply(leaf([1.0, 2.0]))
+    with pytest.raises(TypeError, match=r"Scale.apply: keyword argument\(s\) w are Tensors"):
+        Scale.apply(leaf([1.0]), w=leaf([2.0]))
+    np.testing.assert_array_equal(Scale.apply(leaf([1.0]), w=2.0).data, [2.0])  # a number by keyword is fine
