@@ -169,6 +169,8 @@ def test_sequence_ops_refuse_one_tensor_and_item_needs_one_value():
     for op in (mg.concatenate, mg.stack):
         with pytest.raises(TypeError, match=r"expected a sequence of tensors, got one Tensor of shape \(2, 3\)"):
             op(t)
+        with pytest.raises(TypeError, match=r"expected a sequence of tensors, got one ndarray of shape \(2, 3\)"):
+            op(t.data)
     np.testing.assert_array_equal(mg.concatenate([t, t], axis=1).data, np.concatenate([t.data, t.data], axis=1))
     with pytest.raises(ValueError, match=r"item: a Tensor of shape \(2, 3\) has 6 values"):
         t.item()
@@ -317,6 +319,8 @@ def test_reductions_take_pytorch_names_too():
         x.sum(axis=0, dim=1)
     with pytest.raises(TypeError, match="max: got both keepdims and keepdim"):
         x.max(keepdims=True, keepdim=True)
+    with pytest.raises(TypeError, match="sum: got both keepdims and keepdim"):
+        x.sum(keepdims=True, keepdim=False)  # whatever the values
     with pytest.raises(TypeError, match=r"softmax: got both axis=0 and dim=0"):
         F.softmax(x, 0, dim=0)
 
@@ -380,6 +384,8 @@ def test_integer_tensors_serve_as_indices_but_never_require_grad():
     np.testing.assert_array_equal(w.grad, [[1, 1], [0, 0], [1, 1]])
     with pytest.raises(TypeError, match=r"only float32 and float64 tensors can require grad.*int64.*\(2,\)"):
         Tensor(np.array([1, 2]), requires_grad=True)
+    with pytest.raises(TypeError, match=r"only float32 and float64 tensors can require grad.*complex128"):
+        Tensor(np.ones(2, complex), requires_grad=True)  # complex data is for the complex step, not for grads
 
 
 def test_unsupported_dtypes_are_refused():

@@ -187,10 +187,14 @@ def test_repeated_indices_accumulate():
     np.testing.assert_array_equal(x.grad, [7.0, 0.0, 3.0])
 
 
-@given(data=st.data(), axis=st.integers(0, 1))
+@given(data=st.data(), axis=st.integers(-4, 3))
 def test_concatenate_and_stack(data, axis):
-    a = data.draw(arrays((2, 3)))
-    b = data.draw(arrays((2, 3)))
+    """3-D inputs, every axis: on 2-D ones at axes 0 and 1 stack's backward could move the wrong way unseen."""
+    a = data.draw(arrays((2, 3, 2)))
+    b = data.draw(arrays((2, 3, 2)))
+    if axis == 3 or axis == -4:  # one past the last: stack only
+        assert gradcheck(weighted(lambda x, y: stack([x, y], axis=axis)), (leaf(a), leaf(b)), **TOL)
+        return
     assert gradcheck(weighted(lambda x, y: concatenate([x, y, x], axis=axis)), (leaf(a), leaf(b)), **TOL)
     assert gradcheck(weighted(lambda x, y: stack([x, y], axis=axis)), (leaf(a), leaf(b)), **TOL)
 

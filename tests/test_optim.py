@@ -225,6 +225,14 @@ def test_a_parameter_listed_twice_is_warned_about_as_in_pytorch():
     with pytest.warns(UserWarning, match="SGD: parameter group 1 holds a parameter more than once") as record:
         SGD([param([0.0])]).add_param_group({"params": [p, p]})
     assert record[0].filename == __file__  # the caller's line, as from the constructor
+    # its state dict numbers it by its first place, as PyTorch's (which lists it twice as well)
+    q = param([3.0])
+    with pytest.warns(UserWarning):
+        opt = SGD([p, q, p], lr=0.1, momentum=0.9)
+    p.grad, q.grad = np.ones(2), np.ones(1)
+    opt.step()
+    saved = opt.state_dict()
+    assert saved["param_groups"][0]["params"] == [0, 1, 0] and sorted(saved["state"]) == [0, 1]
 
 
 # -- parameter groups and state dicts ----------------------------------------------------------------------
@@ -454,6 +462,8 @@ def test_bad_state_dicts_are_refused_and_change_nothing() -> None:
     sizes = {"state": {}, "param_groups": [{**good["param_groups"][0], "params": [0]}, good["param_groups"][1]]}
     nan_lr = {**good, "param_groups": [good["param_groups"][0], {**good["param_groups"][1], "lr": NAN}]}
     wrong_shape = {**good, "state": {**good["state"], 1: {**good["state"][1], "exp_avg": np.zeros(3)}}}
+    transposed = {**good, "state": {**good["state"], 0: {**good["state"][0], "exp_avg": np.zeros((2, 3))}}}
+    hyperparameters = [{k: v for k, v in g.items() if k != "params"} for g in groups]
     stray = {**good, "state": {**good["state"], 7: good["state"][2]}}
     for bad, message in [
         (one_group, r"Adam: loaded state dict has a different number of parameter groups \(1, the optimizer 2\)"),
@@ -464,11 +474,13 @@ def test_bad_state_dicts_are_refused_and_change_nothing() -> None:
         ),
         (nan_lr, "Adam loaded parameter group 1: invalid learning rate lr=nan"),
         (wrong_shape, r"Adam: loaded exp_avg of parameter 1 has shape \(3,\), the parameter \(2,\)"),
+        (transposed, r"Adam: loaded exp_avg of parameter 0 has shape \(2, 3\), the parameter \(3, 2\)"),
         (stray, "Adam: loaded state dict has state for parameter 7, which no group lists"),
     ]:
         with pytest.raises(ValueError, match=message):
             opt.load_state_dict(bad)
         assert opt.param_groups is groups and opt.state is state
+        assert [{k: v for k, v in g.items() if k != "params"} for g in groups] == hyperparameters  # nor in place
 
 
 def test_warmup_schedule_sets_every_group_from_its_own_base_lr() -> None:

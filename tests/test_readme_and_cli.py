@@ -162,6 +162,10 @@ def test_an_unwritable_output_path_is_refused_before_any_work(tmp_path, capsys, 
         (["bench", "--quick", "--json", ""], "--json: the path is empty"),
         (["check", "--json", "/proc/no_such_file.json"], "--json /proc/no_such_file.json: not writable"),
         (["bench", "--quick", "--json", "r.out", "--markdown", "r.out"], "--markdown r.out: --json writes the same"),
+        (["bench", "--quick", "--json", "r.out", "--markdown", "./r.out"], "--markdown ./r.out: --json writes the"),
+        (["train", "--lr", "inf"], "--lr must be a positive number, got inf"),
+        (["train", "--weight-decay", "nan"], "--weight-decay must be >= 0, got nan"),
+        (["train", "--clip", "nan"], "--clip must be >= 0 (0 = off), got nan"),
     ],
 )
 def test_bad_option_values_are_refused_before_any_work(capsys, no_work, argv, message):

@@ -233,6 +233,12 @@ def test_grad_runs_only_the_ops_on_a_path_to_its_inputs():
     np.testing.assert_array_equal(dx, [6.0, 8.0])
     with pytest.raises(RuntimeError, match="Mul.backward: .*modified in place"):
         mg.grad(loss, w)
+    # the root itself off every path: its backward does not run either, and the gradient is zero
+    z = leaf([5.0, 6.0])
+    y = w * z
+    step(OPTIMIZERS["sgd"], [w, z])
+    (dx,) = mg.grad(y, [x], np.ones(2))
+    np.testing.assert_array_equal(dx, [0.0, 0.0])
 
 
 class Float64Gradient(Function):
@@ -269,6 +275,11 @@ def test_each_gradient_is_cast_to_its_input_s_dtype_as_in_pytorch():
     assert RecordsGradientDtype.seen == [np.dtype(np.float32)]
     assert x.grad.dtype == np.float32
     np.testing.assert_array_equal(x.grad, [2.0, 2.0])
+    # a float64 gradient given for a float32 root reaches its backward as float32, as in PyTorch
+    RecordsGradientDtype.seen.clear()
+    (dx,) = mg.grad(RecordsGradientDtype.apply(x), [x], np.ones(2))
+    RecordsGradientDtype.apply(x).backward(np.ones(2))
+    assert RecordsGradientDtype.seen == [np.dtype(np.float32)] * 2 and dx.dtype == np.float32
 
 
 # -- the same programs in PyTorch: forward, an SGD step on w, backward -------------------------------
