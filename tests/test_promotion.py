@@ -274,6 +274,15 @@ def test_complex_step_through_a_float32_input():
     np.testing.assert_allclose(jac, np.diag(np.array([0, 1, 2]) + 2.5 + x.data), rtol=1e-13)
 
 
+@pytest.mark.parametrize(
+    ("base", "exponent", "expected"),
+    # PyTorch's rule: a number of a lower category takes the tensor's dtype, bool ** int is the default int
+    [(b1, 2, i64), (b1, np.uint8(2), i64), (i8, 2, i8), (u8, 3, u8), (i16, np.uint8(2), i16), (i8, 2.5, f64)],
+)
+def test_a_bool_or_narrow_integer_tensor_to_a_number_power(base, exponent, expected):
+    assert (dim(base) ** exponent).dtype == expected
+
+
 def test_integer_division_and_functions_of_integers_are_float64():
     """As in PyTorch (default dtype float64); NumPy's exp of int8 or bool is float16, of int16 float32."""
     for dtype in (b1, u8, i8, i16, i64):
