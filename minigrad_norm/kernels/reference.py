@@ -29,6 +29,11 @@ a group, mean_g(.) the mean over the group, and dxhat = dy * weight:
     fixed stats:   dx = rstd * dxhat            (mean, var are constants: eval-mode BatchNorm,
                                                  InstanceNorm with use_input_stats=False)
     dweight[g, k] = sum over (n, s) of dy * xhat,   dbias[g, k] = sum over (n, s) of dy
+                    (both None without a weight: a caller with a bias alone passes weight = 1)
+
+Here g indexes the view's second axis (the group, a channel for BatchNorm and
+InstanceNorm), not dL/dy as in docs/derivations.md; dx's terms are added as
+(dxhat - xhat * proj) - mean_g(dxhat), the order the numba bound is stated for.
 
 Names in docs/derivations.md = names here: mu = mean, gamma = weight, beta = bias,
 g = dy (dya in the accumulation dtype), m = the group's size (count under a mask),

@@ -1,8 +1,11 @@
 """The normalization layers, each one graph node with a hand-derived backward.
 
 One module per norm, each stating its forward, what it saves, its backward and
-its closed-form Jacobian; all of them run the shared node ``Normalize``
-(``_node.py``) on a 4-D view of their input:
+its closed-form Jacobian in its docstring; all of them run the shared node
+``Normalize`` (``_node.py``) on a 4-D view of their input, and its formulas are
+the two functions ``norm_forward`` and ``norm_backward`` of
+``minigrad_norm/kernels/reference.py`` (numba's twins run by default: step
+through the NumPy ones inside ``with minigrad_norm.use_backend("numpy"):``):
 
     layer_norm / rms_norm   (rows, 1, D, 1)     per sample
     group_norm              (N, G, C/G, S)      per sample

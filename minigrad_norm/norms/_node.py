@@ -14,8 +14,10 @@ where "the group" is ``(K, S)`` for each ``(n, g)`` (per-sample norms) or
 only arranges its axes into that view and states its own math; the forward and
 backward below are the single place the graph node is defined:
 
-    forward:  x -> view x4 -> norm_forward(x4, weight, bias) -> y;    saved: see ``Normalize``
+    forward:  x -> view x4 -> norm_forward(x4, weight, bias) -> (y, mean, var);
+              rstd = 1 / sqrt(var + eps), computed here;  saved: x4, mean, rstd, weight
     backward: dy -> norm_backward(dy, x4, mean, rstd, weight) -> dx, dweight, dbias
+              (a bias without a weight: weight = 1, so that dbias comes back)
 
 ``norm_forward`` and ``norm_backward`` are the kernels' functions, picked by
 ``kernels_for`` (``minigrad_norm/backend.py``). Their formulas are read in

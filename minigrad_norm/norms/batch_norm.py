@@ -18,7 +18,11 @@ Saved: x, mu, rstd (one per channel) and gamma.
 
 Backward, training mode: LayerNorm's formula with the group taken across the
 batch, i.e. the means are over (n, s) for each channel (view (N, C, 1, S),
-``reduce_batch``):
+``reduce_batch``; code path: ``batch_norm`` -> ``channel_args`` (``_args.py``, the
+checks and the view) -> ``channel_norm`` (``_channel.py``, train or eval) ->
+``Normalize`` (``_node.py``, which updates the running buffers through
+``RunningStats``) -> ``norm_forward``/``norm_backward`` of ``kernels/reference.py``,
+with ``fixed_stats`` in evaluation mode):
 
     dL/dx     = rstd_c * (dxhat - mean_{n,s}(dxhat) - xhat * mean_{n,s}(dxhat * xhat)),  dxhat = g * gamma_c
     dL/dgamma = sum over (n, s) of g * xhat,    dL/dbeta = sum over (n, s) of g

@@ -10,8 +10,11 @@ channels per group; the group (n, j) is its m = K * S values:
 
 Saved: x, mu, rstd (one per (n, j)) and gamma.
 
-Backward: LayerNorm's formula over the m values of a group (view (N, G, K, S),
-per-sample statistics), with g = dL/dy and dxhat = g * gamma_c:
+Backward: LayerNorm's formula over the m = K * S values of a group (view
+(N, G, K, S), per-sample statistics; code path: ``group_norm`` -> ``channel_args`` and
+``group_view`` (``_args.py``, the checks and the view) -> ``Normalize``
+(``_node.py``) -> ``norm_forward``/``norm_backward`` of ``kernels/reference.py``),
+with g = dL/dy and dxhat = g * gamma_c:
 
     dL/dx     = rstd_nj * (dxhat - mean_{k,s}(dxhat) - xhat * mean_{k,s}(dxhat * xhat))
     dL/dgamma = sum over (n, s) of g * xhat,    dL/dbeta = sum over (n, s) of g
@@ -22,6 +25,8 @@ LayerNorm over (C, *) with a per-channel instead of a per-element affine.
 Closed-form Jacobian of one (n, j) (``group_norm_jacobian``):
 
     J = diag(gamma) * rstd_nj * (I - 1/m * 1 1^T - 1/m * xhat xhat^T)
+
+(diag(gamma) is m x m: each value's channel weight, repeated over its positions.)
 """
 
 from __future__ import annotations

@@ -20,10 +20,18 @@ constants, as eval-mode BatchNorm does:
     rstd_c = 1 / sqrt(running_var_c + eps),   xhat = (x - running_mean_c) * rstd_c
     dL/dx  = g * gamma_c * rstd_c
 
-Saved: x, mu, rstd (one per (n, c)) and gamma.
+(then the view is BatchNorm's, statistics per channel: ``reduce_batch`` with
+the running buffers as fixed statistics.)
+
+Saved: x, mu, rstd (one per (n, c); per channel c with ``use_input_stats=False``)
+and gamma.
 
 Backward: LayerNorm's formula with the group being one channel of one sample,
-the view (N, C, 1, S) with per-sample statistics, dxhat = g * gamma_c:
+the view (N, C, 1, S) with per-sample statistics, dxhat = g * gamma_c
+(code path: ``instance_norm`` -> ``channel_args`` (``_args.py``, the checks and the
+view) -> ``channel_norm`` (``_channel.py``, the running buffers and the choice of
+statistics) -> ``Normalize`` (``_node.py``) -> ``norm_forward``/``norm_backward`` of
+``kernels/reference.py``):
 
     dL/dx     = rstd_nc * (dxhat - mean_s(dxhat) - xhat * mean_s(dxhat * xhat))
     dL/dgamma = sum over (n, s) of g * xhat,    dL/dbeta = sum over (n, s) of g

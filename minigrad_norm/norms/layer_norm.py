@@ -20,6 +20,10 @@ The view: x (..., *normalized_shape) is (rows, 1, D, 1) for the shared node
 ``Normalize`` (one group per row, weight of shape (1, D)). This is the
 reference case the other norms are stated against.
 
+Code path: ``layer_norm`` -> ``row_args`` (the checks and the view) -> ``Normalize``
+(``_node.py``) -> ``norm_forward``/``norm_backward`` of ``kernels/reference.py`` with
+``centered=True``.
+
 Closed-form Jacobian of one row (``layer_norm_jacobian``):
 
     J = diag(gamma) * rstd * (I - 1/D * 1 1^T - 1/D * xhat xhat^T)

@@ -3,7 +3,10 @@
 Forward, for each row x of D = prod(normalized_shape) values:
 
     ms   = 1/D * sum_i x_i^2                 (the mean square; no mean is subtracted)
-    rstd = 1 / sqrt(ms + eps)                (1 / rms(x))
+    rstd = 1 / sqrt(ms + eps)                (1 / rms(x), rms(x) = sqrt(ms + eps))
+
+eps defaults to None: the machine epsilon of x's dtype (2.2e-16 for float64,
+1.2e-7 for float32), as PyTorch's, not LayerNorm's 1e-5.
     xhat = x * rstd
     y    = xhat * gamma
 
@@ -15,7 +18,9 @@ subtracted (d mu / dx = 0), with dxhat = g * gamma:
     dL/dx     = rstd * (dxhat - xhat * mean(dxhat * xhat))
     dL/dgamma = sum over rows of g * xhat
 
-The view is LayerNorm's, (rows, 1, D, 1), with ``centered=False``.
+The view is LayerNorm's, (rows, 1, D, 1), with ``centered=False``. Code path:
+``rms_norm`` -> ``row_args`` (``layer_norm.py``) -> ``Normalize`` (``_node.py``) ->
+``norm_forward``/``norm_backward`` of ``kernels/reference.py`` with ``centered=False``.
 
 Closed-form Jacobian of one row (``rms_norm_jacobian``):
 
