@@ -1556,3 +1556,25 @@ def test_compare_kernels_interleaves_so_no_version_keeps_one_place(k):
     assert all(sorted(r) == list(range(k)) for r in rounds)
     for place in range(k):
         assert sorted(r[place] for r in rounds) == sorted(list(range(k)) * 2)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_aten_layer_norm_times_the_same_work_as_the_kernels(direction):
+    """``benchmarks/aten_layer_norm.py`` compares the kernels with ATen's own LayerNorm: both must compute the same
+    outputs (y, or dx, dweight and dbias) from the same arrays, or the ratio would compare different work."""
+    import importlib.util
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch")
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "aten_layer_norm.py"
+    spec = importlib.util.spec_from_file_location("aten_layer_norm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    p = bench.Problem.make(bench.layer_norm_case(6, 10), np.dtype(np.float64))
+    theirs = [t.numpy() for t in module.aten_runner(torch, p, direction)()]
+    ours = bench.kernel_runner(reference, p, direction, False)()
+    if direction == "fwd":
+        np.testing.assert_allclose(theirs[0], ours[0].reshape(6, 10), rtol=1e-12)
+        return
+    for a, b in zip(theirs, ours):
+        np.testing.assert_allclose(a.ravel(), b.ravel(), rtol=1e-10, atol=1e-13)

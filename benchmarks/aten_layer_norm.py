@@ -1,0 +1,65 @@
+"""The LayerNorm kernels against ATen's own, without autograd, on one thread and on all.
+
+``minigrad-norm bench`` times PyTorch as its users call it: eager, through autograd
+(``F.layer_norm`` then ``backward``), with its bookkeeping and its allocations. This
+script times ATen's kernels themselves, ``torch.native_layer_norm`` and
+``torch.ops.aten.native_layer_norm_backward`` (the outputs still allocated by ATen,
+dweight and dbias included), beside the numba kernels with preallocated ``out=``
+buffers, hot, interleaved round by round (``bench.interleaved_medians``): what
+separates the two kernels' code, with the least around it.
+
+    python benchmarks/aten_layer_norm.py [--rows 4096] [--dim 768] [--dtype float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+
+from minigrad_norm import bench
+from minigrad_norm.bench import positive_int
+from minigrad_norm.kernels import numba_cpu
+
+
+def aten_runner(torch: Any, p: bench.Problem, direction: str) -> Callable[[], Any]:
+    """ATen's LayerNorm forward or backward on the problem's (rows, dim) arrays."""
+    rows, dim = p.case.shape
+    x, dy = (torch.from_numpy(np.ascontiguousarray(a).reshape(rows, dim)) for a in (p.x, p.dy))
+    w, b = torch.from_numpy(p.weight.reshape(-1)), torch.from_numpy(p.bias.reshape(-1))
+    _, mean, rstd = torch.native_layer_norm(x, (dim,), w, b, bench.EPS)
+    if direction == "fwd":
+        return lambda: torch.native_layer_norm(x, (dim,), w, b, bench.EPS)
+    return lambda: torch.ops.aten.native_layer_norm_backward(dy, x, (dim,), mean, rstd, w, b, [True, True, True])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=positive_int, default=4096, help="rows (default 4096)")
+    parser.add_argument("--dim", type=positive_int, default=768, help="values per row (default 768)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    args = parser.parse_args()
+    torch = bench._torch()
+    if torch is None:
+        raise SystemExit("aten_layer_norm.py: PyTorch is not installed (pip install torch==2.13.0)")
+    p = bench.Problem.make(bench.layer_norm_case(args.rows, args.dim), np.dtype(args.dtype))
+    threads = numba.config.NUMBA_NUM_THREADS
+    plan = {}
+    for direction in ("fwd", "bwd"):
+        for t in sorted({1, threads}):
+            plan[f"numba out= {direction} {t}t"] = (t, bench.kernel_runner(numba_cpu, p, direction, True))
+            plan[f"aten {direction} {t}t"] = (t, aten_runner(torch, p, direction))
+    medians = bench.interleaved_medians(plan, torch, 30, 10.0, warmup_calls=bench.WARMUP_CALLS)
+    ms = {k: 1e3 * v for k, v in medians.items()}
+    print(f"LayerNorm {args.dtype} ({args.rows}, {args.dim}), hot; median ms per call, 30+ interleaved rounds")
+    for direction in ("fwd", "bwd"):
+        for t in sorted({1, threads}):
+            ours, theirs = ms[f"numba out= {direction} {t}t"], ms[f"aten {direction} {t}t"]
+            print(f"  {direction} {t}t: numba out= {ours:.3f}, ATen {theirs:.3f}, ATen / numba {theirs / ours:.2f}")
+
+
+if __name__ == "__main__":
+    main()
