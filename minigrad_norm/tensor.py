@@ -593,6 +593,10 @@ def backprop(
         if not (id(t) in kept or (inputs is None and t._retains_grad)):
             del grads[id(t)]
         input_grads = ctx.fn.backward(ctx, g)
+        if isinstance(input_grads, list):  # (a list would be read as one gradient, an array of its items)
+            raise TypeError(
+                f"{ctx.fn.__name__}.backward returned a list; return a tuple, one gradient (or None) per input"
+            )
         if not isinstance(input_grads, tuple):
             input_grads = (input_grads,)
         if len(input_grads) != len(ctx.inputs):

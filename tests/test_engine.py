@@ -471,7 +471,8 @@ def test_a_user_defined_function_joins_the_tape():
     ("rule", "error", "match"),
     [
         (lambda g: 2.0, TypeError, "returned a float as the gradient of input 0"),
-        (lambda g: [2.0, 2.0], TypeError, "returned a list as the gradient of input 0"),
+        (lambda g: [2.0, 2.0], TypeError, "returned a list; return a tuple, one gradient"),
+        (lambda g: [2 * g], TypeError, "returned a list; return a tuple, one gradient"),  # was "1 gradients for"
         (lambda g: Tensor(2 * g), TypeError, "returned a Tensor as the gradient of input 0"),
         (lambda g: 2 * g + 0j, TypeError, "returned a complex128 gradient for input 0, which is real"),
         (lambda g: g.sum(), RuntimeError, r"returned a gradient of shape \(\) for an input of shape \(2,\)"),
