@@ -38,11 +38,12 @@ def shapes(min_dims: int = 0, max_dims: int = 4, min_side: int = 1, max_side: in
 
 
 def broadcastable_shapes(
-    num_shapes: int = 2, min_dims: int = 0, max_dims: int = 4, max_side: int = 4
+    num_shapes: int = 2, min_dims: int = 0, max_dims: int = 4, max_side: int = 4, min_side: int = 1
 ) -> st.SearchStrategy[tuple[Shape, ...]]:
-    """Tuples of shapes that broadcast together, e.g. ((3, 1, 4), (2, 4)) or ((), (2,))."""
+    """Tuples of shapes that broadcast together, e.g. ((3, 1, 4), (2, 4)) or ((), (2,)); ``min_side=0``
+    draws zero-size dims too (a 0 broadcasts against 1 and 0 only)."""
     return hnp.mutually_broadcastable_shapes(
-        num_shapes=num_shapes, min_dims=min_dims, max_dims=max_dims, max_side=max_side
+        num_shapes=num_shapes, min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side
     ).map(lambda r: r.input_shapes)
 
 

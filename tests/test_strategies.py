@@ -16,7 +16,15 @@ import pytest
 from hypothesis import find, given
 from hypothesis import strategies as st
 
-from minigrad_norm.testing import arrays, channel_shapes, ensure_spread, layer_norm_shapes, masks, spread_arrays
+from minigrad_norm.testing import (
+    arrays,
+    broadcastable_shapes,
+    channel_shapes,
+    ensure_spread,
+    layer_norm_shapes,
+    masks,
+    spread_arrays,
+)
 
 
 def _pairwise_gap(a: np.ndarray) -> float:
@@ -152,3 +160,14 @@ def test_shape_strategies_never_go_below_their_minimum(data: st.DataObject) -> N
     x_shape, normalized = data.draw(layer_norm_shapes(min_group=min_group))
     assert x_shape[len(x_shape) - len(normalized) :] == normalized and math.prod(normalized) >= min_group
     assert math.prod(data.draw(channel_shapes(min_spatial=min_spatial))[2:]) >= min_spatial
+
+
+def test_broadcastable_shapes_draw_zero_size_dims_only_when_asked() -> None:
+    find(broadcastable_shapes(min_side=0), lambda t: any(0 in s for s in t) and len(set(t)) > 1)
+
+
+@given(shapes=broadcastable_shapes(num_shapes=3), zero_ok=broadcastable_shapes(min_side=0))
+def test_broadcastable_shapes_broadcast(shapes, zero_ok) -> None:
+    np.broadcast_shapes(*shapes)
+    np.broadcast_shapes(*zero_ok)
+    assert all(0 not in s for s in shapes)
