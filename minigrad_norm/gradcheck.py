@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minigrad_norm.tensor import Tensor, enable_grad, grad, no_grad
+from minigrad_norm.tensor import Tensor, _topological_order, enable_grad, grad, no_grad
 
 Fn = Callable[..., Tensor | Sequence[Tensor]]
 
@@ -314,7 +314,6 @@ def gradcheck_report(
     if len(again) != len(outs) or any(not np.array_equal(a.data, o.data, equal_nan=True) for a, o in zip(again, outs)):
         return failed("gradcheck: fn is not deterministic: two calls on the same inputs gave different outputs")
     shapes = [o.shape for o in outs]
-    flat = _flat_output("gradcheck", outs)
 
     try:
         analytic = _reverse_jacobian(fn, inputs)
@@ -349,7 +348,7 @@ def gradcheck_report(
                 f"{_output_element(i, shapes)}, input element {_input_element(j, inputs[k].shape)}: analytic "
                 f"{a[i, j]:.10g}, numerical {n[i, j]:.10g} ({method}), abs error {diff[i, j]:.3e} "
                 f"> atol {atol:g} + rtol {rtol:g} * |numerical|; {int(bad.sum())} of {bad.size} "
-                "entries disagree" + _mismatch_hint(fn, inputs, k, a, method, eps, float(flat[i]), diff[i, j])
+                "entries disagree" + _mismatch_hint(fn, inputs, k, a, method, eps, outs, i, diff[i, j])
             )
     if not failure:
         failure = _nonlinear_backward(fn, inputs, numeric, atol, rtol)
@@ -365,22 +364,33 @@ def gradcheck_report(
 
 
 def _mismatch_hint(
-    fn: Fn, inputs: tuple[Tensor, ...], k: int, a: np.ndarray, method: str, eps: float | None, f: float, err: float
+    fn: Fn,
+    inputs: tuple[Tensor, ...],
+    k: int,
+    a: np.ndarray,
+    method: str,
+    eps: float | None,
+    outs: tuple[Tensor, ...],
+    i: int,
+    err: float,
 ) -> str:
-    """What may explain a mismatch other than a wrong rule: a graph that does not reach input k (fn left the
-    engine), or central differences' roundoff, about u |f| / eps, as large as the error (an output far from 0)."""
+    """What may explain a mismatch at output element i other than a wrong rule: a graph that does not reach
+    input k (fn left the engine), or central differences' roundoff as large as the error (an output far from
+    0); ``outs`` are fn's outputs at ``inputs``."""
     if not a.any():
         with enable_grad():
-            outs = _outputs("gradcheck", fn(*inputs))
-        if not _reaches(outs, inputs[k]):
+            graph = {
+                id(t) for o in _outputs("gradcheck", fn(*inputs)) if o.requires_grad for t in _topological_order(o)
+            }
+        if id(inputs[k]) not in graph:
             return (
                 f"; no output of fn reaches input {k} in the graph: something in fn left the engine (.data, "
                 ".numpy(), np.asarray, a new Tensor) and cut it"
             )
     if method == "central":
         h = 1e-6 if eps is None else eps
-        noise = 16 * np.finfo(np.float64).eps * abs(f) / h
-        if err <= noise:
+        f = _flat_output("gradcheck", outs)[i]
+        if err <= (noise := _roundoff(f, h)):
             return (
                 f"; central differences' roundoff here is about {noise:.1e} (output {f:.4g}, step {h:g}), as large "
                 "as the error: subtract the output's constant part in fn, or use method='complex' if fn is analytic"
@@ -388,17 +398,10 @@ def _mismatch_hint(
     return ""
 
 
-def _reaches(outs: Sequence[Tensor], t: Tensor) -> bool:
-    """Whether ``t`` is in the graph of one of ``outs``."""
-    seen, stack = set(), [o for o in outs if o.requires_grad]
-    while stack:
-        u = stack.pop()
-        if u is t:
-            return True
-        if id(u) not in seen and u._ctx is not None:
-            seen.add(id(u))
-            stack.extend(i for i in u._ctx.inputs if isinstance(i, Tensor))
-    return False
+def _roundoff(f: float | np.ndarray, h: float) -> float | np.ndarray:
+    """About what rounding adds to central differences of step h where fn's output is f: u |f| / h (u the unit
+    roundoff), allowed 16 times over."""
+    return 16 * np.finfo(np.float64).eps * np.abs(f) / h
 
 
 def _tolerances(method: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
@@ -481,7 +484,7 @@ def _complex_step_mismatch(
     central = numerical_jacobian(fn, inputs, h, "central")
     finer = numerical_jacobian(fn, inputs, h / 2, "central")
     shapes = [o.shape for o in outs]
-    roundoff = 16 * np.finfo(np.float64).eps * np.abs(_flat_output("gradcheck", outs))[:, None] / h
+    roundoff = _roundoff(_flat_output("gradcheck", outs), h)[:, None]
     for k, c, c2, n in zip(wrt, central, finer, numeric):
         allowed = _CENTRAL_ATOL + roundoff + 8 / 3 * np.abs(c - c2)
         if (where := _worst_mismatch(n, c, allowed, _CENTRAL_RTOL)) is not None:
