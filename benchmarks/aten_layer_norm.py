@@ -8,12 +8,20 @@ dweight and dbias included), beside the numba kernels with preallocated ``out=``
 buffers, hot, interleaved round by round (``bench.interleaved_medians``): what
 separates the two kernels' code, with the least around it.
 
+It then prints what each computes: y and dx (a forward, then a backward on that forward's
+statistics) against the float64 reference, on the timed rows and on the same rows moved to a
+mean of 1e4. ATen's float32 kernels subtract a float32 mean, whose rounding (up to 1e4 * 2^-24 = 6e-4)
+is then as large as 6e-4 of a spread of 1; the numba kernels subtract it as a pair of float32
+values (``numba_cpu._split``) and take the sums in float64: more arithmetic per value, for an
+error that does not grow with the mean.
+
     python benchmarks/aten_layer_norm.py [--rows 4096] [--dim 768] [--dtype float32]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +30,9 @@ import numpy as np
 
 from minigrad_norm import bench
 from minigrad_norm.bench import positive_int
-from minigrad_norm.kernels import numba_cpu
+from minigrad_norm.kernels import numba_cpu, reference
+
+OFFSETS = (0.0, 1e4)
 
 
 def aten_runner(torch: Any, p: bench.Problem, direction: str) -> Callable[[], Any]:
@@ -34,6 +44,36 @@ def aten_runner(torch: Any, p: bench.Problem, direction: str) -> Callable[[], An
     if direction == "fwd":
         return lambda: torch.native_layer_norm(x, (dim,), w, b, bench.EPS)
     return lambda: torch.ops.aten.native_layer_norm_backward(dy, x, (dim,), mean, rstd, w, b, [True, True, True])
+
+
+def outputs(torch: Any, p: bench.Problem) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(y, dx) of ATen, of the numba kernels, and of the reference on the problem's arrays in float64: each a
+    forward, then a backward on that forward's own statistics, as a layer's training step runs them."""
+    rows, dim = p.case.shape
+    x, dy = (torch.from_numpy(np.ascontiguousarray(a).reshape(rows, dim)) for a in (p.x, p.dy))
+    w, b = torch.from_numpy(p.weight.reshape(-1)), torch.from_numpy(p.bias.reshape(-1))
+    y, mean, rstd = torch.native_layer_norm(x, (dim,), w, b, bench.EPS)
+    dx = torch.ops.aten.native_layer_norm_backward(dy, x, (dim,), mean, rstd, w, b, [True, False, False])[0]
+    result = {"aten": (y.numpy(), dx.numpy())}
+    exact = dataclasses.replace(
+        p, **{k: getattr(p, k).astype(np.float64) for k in ("x", "dy", "weight", "bias")}, dtype=np.dtype(np.float64)
+    )
+    for name, kernels, q in (("numba", numba_cpu, p), ("float64 reference", reference, exact)):
+        y, mean, var = kernels.norm_forward(q.x, q.weight, q.bias, bench.EPS)
+        dx = kernels.norm_backward(q.dy, q.x, mean, 1.0 / np.sqrt(var + bench.EPS), q.weight)[0]
+        result[name] = (y.reshape(rows, dim), dx.reshape(rows, dim))
+    return result
+
+
+def relative_errors(torch: Any, p: bench.Problem, offset: float) -> dict[str, tuple[float, float]]:
+    """For ATen and the numba kernels, on the problem's x + offset (rounded to its dtype, then exact input):
+    max |y - y_exact| / max |y_exact| and the same for dx, y_exact and dx_exact from the float64 reference."""
+    got = outputs(torch, dataclasses.replace(p, x=(p.x + offset).astype(p.dtype)))
+    exact = got.pop("float64 reference")
+    return {
+        name: tuple(float(np.max(np.abs(a - e)) / np.max(np.abs(e))) for a, e in zip(pair, exact))
+        for name, pair in got.items()
+    }
 
 
 def main() -> None:
@@ -59,6 +99,12 @@ def main() -> None:
         for t in sorted({1, threads}):
             ours, theirs = ms[f"numba out= {direction} {t}t"], ms[f"aten {direction} {t}t"]
             print(f"  {direction} {t}t: numba out= {ours:.3f}, ATen {theirs:.3f}, ATen / numba {theirs / ours:.2f}")
+    print("max |error| / max |value| against the float64 reference, y and dx (a backward on the forward's statistics)")
+    for offset in OFFSETS:
+        errors = relative_errors(torch, p, offset)
+        print(f"  rows of mean {offset:g}, spread 1: " + ", ".join(
+            f"{name} y {y:.1e} dx {dx:.1e}" for name, (y, dx) in errors.items()
+        ))  # fmt: skip
 
 
 if __name__ == "__main__":
