@@ -145,6 +145,14 @@ def main() -> None:
         "new/twin, two copies of the same code, is the floor under which new/old shows nothing",
     )
     args = parser.parse_args()
+    # REV and the twin come from this checkout; the new kernels are whatever Python imports, which a
+    # non-editable install (or another checkout's editable one) puts ahead of this working tree
+    imported = Path(numba_cpu.__file__).resolve()
+    if not imported.is_relative_to(ROOT):
+        raise SystemExit(
+            f"compare_kernels.py: minigrad_norm is imported from {imported.parents[2]}, not from this checkout "
+            f"{ROOT}, so 'new' would not be its working tree: run with PYTHONPATH={ROOT}"
+        )
     numba.set_num_threads(args.threads)
     before = bench.Stream(quick=True).evict if args.cold else None
     with tempfile.TemporaryDirectory() as tmp:

@@ -327,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="SHAPE",
         help="time these input shapes instead of the listed ones, in PyTorch's layout, e.g. --only layer_norm "
-        "--shape 16384x2048, --only group_norm --shape 8x32x64x64 (no size sweep)",
+        "--shape 16384x2048, --only group_norm --shape 8x32x64x64 (without --only: every norm that takes them; "
+        "no size sweep, no start-up timings)",
     )
     bench.add_argument(
         "--hot",
