@@ -1153,27 +1153,29 @@ def selected_cases(
     return [c for c in cases if c.norm in keep], [c for c in sweep_cases(quick) if c.norm in keep]
 
 
-# A run holds about this many arrays of x's size at once (x, dy, and the outputs of numba, the NumPy reference
-# and PyTorch), besides what it holds whatever the shape (the STREAM arrays, PyTorch): float64 (4096, 4096),
-# x of 128 MiB, peaked at 2.41 GB, float32 at 1.89 GB.
-ARRAYS_OF_X_SIZE = 10
-FIXED_BYTES = 2 * 2**30
+# A run holds about this many arrays of x's size in float64 at once (x, dy, the outputs of numba and PyTorch,
+# and the NumPy reference's temporaries, float64 whatever x's dtype), besides what it holds whatever the shape
+# (the STREAM arrays, PyTorch). Peak resident memory (``/usr/bin/time``, ``bench --quick --hot --only N --shape S
+# --dtype D``), x of 2^23 and 2^25 values: float64 LayerNorm 1.41 and 4.16 GB (13.7 float64 arrays more for
+# 2^25 - 2^23 values), RMSNorm 4.42 GB at 2^25 (PyTorch's composite), BatchNorm1d, BatchNorm2d, InstanceNorm2d,
+# GroupNorm 4.14-4.15 GB; float32 LayerNorm 1.14 and 3.10 GB (9.7): about 14.6 arrays at most, and 0.5 GB.
+ARRAYS_OF_X_SIZE = 16
+FIXED_BYTES = 2**30
 
 
-def memory_error(cases: Sequence[Case], dtypes: Sequence[str], available: int | None) -> str | None:
+def memory_error(cases: Sequence[Case], available: int | None) -> str | None:
     """Why the largest of ``cases`` would not fit in the ``available`` bytes, found before anything is allocated
     (an allocation that fails part-way through a run, or the OS's out-of-memory killer, loses the run)."""
     if not cases or available is None:
         return None
-    widest = max(dtypes, key=lambda d: np.dtype(d).itemsize)
     case = max(cases, key=lambda c: math.prod(c.shape))
-    need = ARRAYS_OF_X_SIZE * math.prod(case.shape) * np.dtype(widest).itemsize + FIXED_BYTES
+    need = ARRAYS_OF_X_SIZE * math.prod(case.shape) * 8 + FIXED_BYTES
     if need <= available:
         return None
     return (
         f"--shape {'x'.join(map(str, case.shape))}: a run holds about {ARRAYS_OF_X_SIZE} arrays of x's size in "
-        f"{widest} and {FIXED_BYTES / 2**30:.0f} GiB besides, {need / 2**30:.1f} GiB, but "
-        f"{available / 2**30:.1f} GiB of memory is available"
+        f"float64 (the NumPy reference's, whatever the dtype) and {FIXED_BYTES / 2**30:.0f} GiB besides, "
+        f"{need / 2**30:.1f} GiB, but {available / 2**30:.1f} GiB of memory is available"
     )
 
 
@@ -1183,8 +1185,7 @@ def selection(args: Any) -> tuple[list[Case], list[Case]]:
     cases, sweep = selected_cases(args.quick, args.only, shapes, args.groups)
     if args.plot and not sweep:
         raise ValueError(f"--plot {args.plot}: the plot is of the LayerNorm size sweep, left out by --shape or --only")
-    dtypes = args.dtype or (("float32",) if args.quick else ("float32", "float64"))
-    error = memory_error(cases, dtypes, available_memory_bytes())
+    error = memory_error(cases, available_memory_bytes())
     if error:
         raise ValueError(error)
     return cases, sweep
