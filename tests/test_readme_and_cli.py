@@ -270,13 +270,15 @@ def test_bench_times_a_shape_or_a_dtype_given_twice_once(monkeypatch):
 
 
 def test_bench_group_norm_counts_a_group_s_channels():
-    """Each group of (8, 64, 1, 1) with 8 groups holds 8 values (PyTorch accepts it); (8, 8, 1, 1) with 8
-    groups holds one per group and sample, which PyTorch refuses in training."""
+    """Each group of (8, 64, 1, 1) with 8 groups holds 8 values; (8, 8, 1, 1) with 8 groups holds one per group
+    and sample, which PyTorch's GroupNorm takes in training too (y is then its bias), where its InstanceNorm, with
+    one value per map, refuses."""
     from minigrad_norm import bench
 
     assert bench.shape_case("group_norm", (8, 64, 1, 1), 8).view == (8, 8, 8, 1)
+    assert bench.shape_case("group_norm", (8, 8, 1, 1), 8).view == (8, 8, 1, 1)
     with pytest.raises(ValueError, match="needs more than one value per statistic"):
-        bench.shape_case("group_norm", (8, 8, 1, 1), 8)
+        bench.shape_case("instance_norm2d", (8, 8, 1, 1))
 
 
 @pytest.mark.parametrize("command", [["check"], ["bench", "--quick"], ["compile"], TINY_TRAIN])
