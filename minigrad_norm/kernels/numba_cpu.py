@@ -98,7 +98,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
   inputs, serial for small ones (waking the thread pool costs tens of microseconds). Both
   run the same loops, so they give the same bits.
 * Outputs the functions allocate come from ``buffers.POOL``: recycled memory, 64-byte aligned,
-  rather than fresh pages that the OS must zero (see ``minigrad_norm.kernels.buffers``).
+  rather than fresh pages that the OS must zero (see ``minigrad_norm.kernels.buffers``); so do the
+  backward's partial rows and term rows, as long as a row (``_backward_by_groups``).
 * Outputs of ``STREAMING_STORE_MIN_BYTES`` or more (``out=`` or the pool's: a quarter of the L3, at
   most 24 MiB), in blocks of at least 2 KiB (or, in the
   backward, of whole cache lines), are written with streaming (non-temporal) stores: each block
@@ -1978,14 +1979,17 @@ def _row_item(i, N, G, n_chunks, g_blocks, per_block, pdw, pdb):
     return c, n_first, n_last, g_first, g_last
 
 
-def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw, pdb, stream):
+def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw, pdb, terms_all, stream):
+    """The rows' backward; item i's term rows are terms_all[i] (the caller's, from the buffer pool: see
+    ``_backward_by_groups``), zeroed here."""
     N, G, L = x3.shape
     n_chunks = pdw.shape[0]
     g_blocks, per_block = _row_blocks(G, n_chunks)
     for i in prange(n_chunks * g_blocks):
         c, n_first, n_last, g_first, g_last = _row_item(i, N, G, n_chunks, g_blocks, per_block, pdw, pdb)
         scratch = np.empty(_scratch_len(L, 1, True, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
-        terms = np.zeros((max(0, g_last - g_first), 2, L if affine else 0), dtype=x3.dtype)
+        terms = terms_all[i, : max(0, g_last - g_first)]
+        terms[:] = 0.0
         # LayerNorm and RMSNorm have one group, passed as the constants 0 and 1 (and one_group), for which numba
         # compiles the item again, its loop over the groups gone. With that loop (of one group) inside the loop
         # over rows, the float32 backward of rows of 32 values took 1.4x the time on one thread, hot (44-46 ns a
@@ -2646,7 +2650,15 @@ def norm_backward(
     dx = _finish(dx.astype(x.dtype) if common != x.dtype else dx, out)
     if not affine:
         return dx, None, None
-    return dx, dweight.astype(weight.dtype), dbias.astype(weight.dtype)
+    return dx, _pooled_copy(dweight, weight.dtype), _pooled_copy(dbias, weight.dtype)
+
+
+def _pooled_copy(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a.astype(dtype)`` into an array of the buffer pool. dweight and dbias are as long as a row (or a block's
+    positions): for long ones a fresh array faults in its pages every call (see ``_backward_by_groups``)."""
+    b = POOL.empty(a.shape, dtype)
+    np.copyto(b, a)
+    return b
 
 
 def _backward_by_groups(
@@ -2659,9 +2671,13 @@ def _backward_by_groups(
     K = w2.shape[1]
     S = L // K
     n_chunks = _n_chunks(N, G, S, reduce_batch, mask is not None)
-    # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them
-    pdw = np.empty((n_chunks, G, (1 if terms_per_row else K) if affine else 0))
-    pdb = np.empty_like(pdw)
+    # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them. From the
+    # pool, as the rows' term rows, their sums and dweight and dbias (``_pooled_copy``): for long rows they reach
+    # glibc's mmap threshold, and fresh pages every call (zeroed by the OS on first touch) took a float32 LayerNorm
+    # backward of one row of 2^23 values 145-165 ms instead of 51-60 (one thread, glibc's threshold raised to keep
+    # its memory instead)
+    pdw = POOL.empty((n_chunks, G, (1 if terms_per_row else K) if affine else 0), np.float64)
+    pdb = POOL.empty(pdw.shape, np.float64)
     use_mean, dx3 = centered or fixed_stats, dx.reshape(N, G, L)
     rows = _rows(S, mask is not None, reduce_batch)
     # Rows with a dweight/dbias term per row take the lean loop, their dx never streamed (where dx is big enough to
@@ -2671,8 +2687,10 @@ def _backward_by_groups(
     if rows and (affine and terms_per_row or not affine and G > 1 and not stream):
         _kernel("lean rows backward", x3.size)(dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb)
     elif rows:
+        g_blocks, per_block = _row_blocks.py_func(G, n_chunks)
+        terms = POOL.empty((n_chunks * g_blocks, per_block, 2, L if affine else 0), x3.dtype)
         _kernel("rows backward", x3.size)(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb, stream
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb, terms, stream
         )  # fmt: skip
     else:
         _kernel("groups backward", x3.size)(
@@ -2682,7 +2700,7 @@ def _backward_by_groups(
     if not affine:
         return None, None
     # the partial sums added in chunk order: the same bits on any number of threads
-    return pdw.sum(axis=0), pdb.sum(axis=0)
+    return tuple(p.sum(axis=0, out=POOL.empty(p.shape[1:], p.dtype)) for p in (pdw, pdb))
 
 
 def erf(x: np.ndarray) -> np.ndarray:
