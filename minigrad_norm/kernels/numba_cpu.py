@@ -2288,9 +2288,12 @@ def _mean_fits(dtype: np.dtype, mean: np.ndarray) -> bool:
 def _affine2(a: np.ndarray | None, G: int, K: int, fill: float, dtype: np.dtype) -> np.ndarray:
     """weight or bias as a contiguous (G, K) array: in the data's dtype when that holds it exactly (half
     the cache footprint of float64 for float32 data: it stays in L1 beside the streamed rows), else float64.
-    Either way the kernels widen it to float64 exactly, as the reference does."""
+    Either way the kernels widen it to float64 exactly, as the reference does. A missing one is ``fill`` in an
+    array of the buffer pool (as long as a row: see ``_backward_by_groups``)."""
     if a is None:
-        return np.full((G, K), fill, dtype=dtype)
+        stand_in = POOL.empty((G, K), dtype)
+        stand_in.fill(fill)
+        return stand_in
     return np.ascontiguousarray(a, dtype=dtype if np.can_cast(a.dtype, dtype, "safe") else np.float64)
 
 
