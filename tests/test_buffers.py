@@ -99,6 +99,32 @@ def test_small_requests_and_full_pool_get_plain_arrays():
     assert pool.owns(c) and pool.cached_bytes == 300 * 8 + 63
 
 
+def test_the_boundaries_are_pooled():
+    """A request of exactly ``min_bytes``, and one that fills the capacity exactly (its bytes and the 63 that
+    alignment may skip), are pooled; a byte less than min_bytes, or one past the capacity, is not."""
+    pool = BufferPool(capacity=2**20, min_bytes=4096)
+    assert pool.owns(pool.empty((1024,), np.float32))  # exactly min_bytes
+    assert not pool.owns(pool.empty((4095,), np.uint8))
+    exact, short = BufferPool(capacity=1000 + 63, min_bytes=1), BufferPool(capacity=1000 + 62, min_bytes=1)
+    assert exact.owns(exact.empty((1000,), np.uint8))
+    assert not short.owns(short.empty((1000,), np.uint8))
+
+
+def test_room_is_made_from_the_least_recently_used_and_no_more():
+    """To fit a new size, unused buffers are released least recently handed out first (a buffer reused moves to
+    the end), and only as many as the request needs."""
+    pool = BufferPool(capacity=(1000 + 63) + (2000 + 63), min_bytes=1)
+    for n in (1000, 2000, 1000):  # (dropped at once: the 1000's buffer handed out again, after the 2000's)
+        pool.empty((n,), np.uint8)
+    kept = pool.empty((1500,), np.uint8)  # room for it: the 2000's buffer, the least recently used, goes
+    assert pool.owns(kept) and pool.cached_bytes == (1000 + 63) + (1500 + 63)
+    pool = BufferPool(capacity=(1000 + 63) + (2000 + 63) + (500 + 63), min_bytes=1)
+    for n in (1000, 2000, 500):
+        pool.empty((n,), np.uint8)
+    kept = pool.empty((3063,), np.uint8)  # needs exactly the two oldest freed: the 500's stays
+    assert pool.owns(kept) and pool.cached_bytes == (500 + 63) + (3063 + 63)
+
+
 def test_clear_releases_only_unused_buffers():
     pool = BufferPool(capacity=2**20, min_bytes=1)
     kept = pool.empty((64,), np.float32)
@@ -129,6 +155,18 @@ def test_threads_never_share_a_buffer():
     for t in threads:
         t.join()
     assert not errors
+
+
+@pytest.mark.parametrize(("value", "capacity"), [("0", 0), ("1.5", 3 * 2**19), (None, 1024 * 2**20)])
+def test_capacity_in_the_environment(monkeypatch, value, capacity):
+    """MINIGRAD_NORM_BUFFER_POOL_MIB in MiB (fractions too), 1024 unset, and 0 turns the pool off."""
+    from minigrad_norm.kernels import buffers
+
+    if value is None:
+        monkeypatch.delenv("MINIGRAD_NORM_BUFFER_POOL_MIB", raising=False)
+    else:
+        monkeypatch.setenv("MINIGRAD_NORM_BUFFER_POOL_MIB", value)
+    assert buffers._capacity_from_env() == capacity
 
 
 @pytest.mark.parametrize("value", ["-1", "lots", "nan", "inf"])

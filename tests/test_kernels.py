@@ -676,6 +676,48 @@ def test_float32_row_terms_are_summed_in_short_blocks():
     assert bounds["dbias"][0, 0] < 20 * U32 * want[2][0, 0]  # the bound is tight enough to tell
 
 
+def test_float32_row_terms_are_folded_every_term_block_rows():
+    """16 rows, one chunk: terms of 0.99 u (just under half an ulp of 1) beside a 1 vanish in a float32 sum. In
+    blocks of TERM_BLOCK_ROWS = 8 the 7 beside the 1 do: 6.9 u off, within the bound of (8 + 2) u; folded every 16
+    rows, 14.9 u off, past it (the test above, with terms of 0.45 u, cannot tell 8 from 16)."""
+    N = 16
+    x = np.tile(np.array([1.0, -1.0], dtype=np.float32), (N, 1)).reshape(N, 1, 2, 1)
+    dy = np.full(x.shape, 0.99 * U32, dtype=np.float32)
+    dy[0] = 1.0
+    w = np.ones((1, 2), dtype=np.float32)
+    _, mean, var = reference.norm_forward(x, w, None, EPS)
+    rstd = 1.0 / np.sqrt(var + EPS)
+    got = numba_cpu.norm_backward(dy, x, mean, rstd, w)
+    want = reference.norm_backward(dy, x, mean, rstd, w)
+    assert numba_cpu._n_chunks(N, 1, 1, False, False) == 1 and numba_cpu.TERM_BLOCK_ROWS == 8
+    bounds = float32_bounds(
+        dict(x=x, dy=dy, weight=w, bias=None, mask=None, centered=True, reduce_batch=False), mean, var, False
+    )
+    assert_close(got[1], want[1], np.float32, "dweight", bounds["dweight"])
+    assert_close(got[2], want[2], np.float32, "dbias", bounds["dbias"])
+    assert bounds["dbias"][0, 0] < 14 * U32 * want[2][0, 0]  # (so that 16 rows a block would not pass)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batch_norm_by_columns_merges_no_empty_chunk(dtype):
+    """BatchNorm1d's columns kernels take the batch in row chunks whose moments are merged by Chan's update
+    (``_fold_moments``). An empty chunk (N = 1001: 62 chunks of 17 rows, the last 3 empty) or a chunk whose rows
+    are all masked out, merged after one with rows, would be 0/0: NaN statistics. Both equal the reference."""
+    rng = np.random.default_rng(0)
+    N = 1001
+    chunks = numba_cpu._column_chunks(N)
+    assert (chunks - 1) * -(-N // chunks) >= N  # (rows per chunk rounded up: the last chunk starts past row N)
+    batch = rng.standard_normal((N, 3, 1, 1)).astype(dtype)
+    middle_masked = np.ones((48, 1), bool)
+    middle_masked[16:32] = False  # (48 rows: 3 chunks of 16, the second all masked)
+    for x, mask in ((batch, None), (batch[:48], middle_masked)):
+        got, want = (m.norm_forward(x, None, None, EPS, reduce_batch=True, mask=mask) for m in (numba_cpu, reference))
+        assert numba_cpu._by_columns(x.shape, x.itemsize, True, mask)
+        for name, g, w_ in zip(("y", "mean", "var"), got, want):
+            assert np.isfinite(g).all(), name
+            assert_close(g, w_, dtype, name)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_parallel_path_equals_reference_and_serial(monkeypatch, dtype):
     """The parallel compile (used above PARALLEL_MIN_ELEMENTS) gives the serial compile's bits."""
@@ -787,7 +829,8 @@ def test_pooled_outputs_are_the_same_bits_and_never_alias_a_live_array(case, str
     """Outputs the kernels allocate (y, the statistics, dx) come from ``buffers.POOL``. With a pool that
     takes every size (and streaming stores forced on or off), a first call's results, kept alive, are
     not overwritten by a second call; they equal the results written into plain ``out=`` arrays bit
-    for bit; and once they are dropped, a third call reuses their memory."""
+    for bit; and once they are dropped, a third call takes no new memory (its outputs from the buffers of the
+    first call's, or of the calls' temporaries, which the pool hands out too: any free buffer of the size)."""
     x, dy, w, b = case["x"], case["dy"], case["weight"], case["bias"]
     opts = dict(centered=case["centered"], reduce_batch=case["reduce_batch"], mask=case["mask"])
 
@@ -809,10 +852,10 @@ def test_pooled_outputs_are_the_same_bits_and_never_alias_a_live_array(case, str
         for got in (first, second):
             for g, w_ in zip(got, want):
                 np.testing.assert_array_equal(g, w_)
-        addresses = {first[0].ctypes.data, first[3].ctypes.data}
         del first
+        held = numba_cpu.POOL.cached_bytes
         third = call()
-        assert {third[0].ctypes.data, third[3].ctypes.data} == addresses
+        assert numba_cpu.POOL.cached_bytes == held and all(numba_cpu.POOL.owns(a) for a in third[:4])
         for g, w_ in zip(third, want):
             np.testing.assert_array_equal(g, w_)
 
@@ -1002,8 +1045,8 @@ def test_an_infinite_weight_beside_masked_out_positions_follows_the_reference(dt
 @pytest.mark.parametrize("means", ["infinite", "beyond float32"])
 @pytest.mark.parametrize("view", [(2, 3, 4, 5), (2, 3, 1, 5)])
 def test_given_infinite_or_huge_means_follow_the_reference(dtype, reduce_batch, means, view):
-    """Given statistics with a mean of +inf and -inf (a finite variance), or a float64 mean of 1e39, beyond
-    float32's range: y and the fixed-statistics gradients have the reference's values and infinities.
+    """Given statistics with a mean of +inf and -inf (a finite variance), or float64 means of 1e39 and -1e39,
+    beyond float32's range: y and the fixed-statistics gradients have the reference's values and infinities.
     (An infinite mean has no float32 rounding error to carry; 1e39 has no float32 value at all, and a
     float32 call with it goes to the reference.)"""
     rng = np.random.default_rng(3)
@@ -1012,8 +1055,9 @@ def test_given_infinite_or_huge_means_follow_the_reference(dtype, reduce_batch, 
     mean, var = np.zeros((3,) if reduce_batch else (2, 3)), np.ones((3,) if reduce_batch else (2, 3))
     if means == "infinite":
         mean.flat[:2] = np.inf, -np.inf
-    else:
-        mean.flat[0], var.flat[0] = 1e39, 1e74  # x - mean is about -1e39: y about -100 w + b
+    else:  # (x - mean about -1e39 and 1e39: y about -100 w + b and 100 w + b)
+        mean.flat[0], var.flat[0] = 1e39, 1e74
+        mean.flat[1], var.flat[1] = -1e39, 1e74
     rstd = 1.0 / np.sqrt(var + EPS)
     opts = dict(reduce_batch=reduce_batch)
     got, want = (
@@ -1026,6 +1070,43 @@ def test_given_infinite_or_huge_means_follow_the_reference(dtype, reduce_batch, 
     assert np.isinf(want[0]).any() == (means == "infinite")
     for name, g, w_ in zip(("y", "dx", "dweight", "dbias"), got, want):
         assert_close(g, w_, dtype, name)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the reference's inf * 0
+def test_infinite_weight_of_a_channel_walked_in_pairs_gives_the_references_nan():
+    """BatchNorm's channel walk takes its blocks' sums in pairs (``_backward_sums_pair``), over a run of one weight
+    as w * sum(dy) and w * sum(dy * xhat) (two sums a value, not four), but only for a finite w: with w = inf the
+    reference's sums of inf * dy over values of both signs are NaN, and so is every dx of the channel, where
+    inf * sum(dy) would be +-inf. Here each block's sum(dy) and sum(dy * xhat) have one sign, dy values both."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 2, 1, 600))  # N = 2: one pair of blocks a channel; runs of 600 values
+    dy = 0.3 + 0.5 * x + rng.standard_normal(x.shape)
+    w = np.array([[np.inf], [1.0]])
+    _, mean, var = reference.norm_forward(x, w, None, EPS, reduce_batch=True)
+    rstd = 1.0 / np.sqrt(var + EPS)
+    got, want = (m.norm_backward(dy, x, mean, rstd, w, reduce_batch=True) for m in (numba_cpu, reference))
+    assert np.isnan(want[0][:, 0]).all()
+    for name, g, w_ in zip(("dx", "dweight", "dbias"), got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w_), err_msg=name)
+        np.testing.assert_array_equal(np.isposinf(g), np.isposinf(w_), err_msg=name)
+        np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w_), err_msg=name)
+    assert_close(got[0][:, 1], want[0][:, 1], np.float64, "dx of the finite channel")
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the reference's y to float32
+def test_float64_weight_float32_cannot_hold_is_not_rounded_to_float32():
+    """float32 data with a float64 weight of 1e39, which float32 cannot hold: the kernels take the weight in
+    float64 (``_affine2``), as the reference does, and y = xhat * 1e39 is finite where |xhat| < 0.34 and inf
+    beyond, as the reference's; a weight rounded to float32 (inf) would give +-inf everywhere."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 1, 5)).astype(np.float32)
+    w = np.full((3, 1), 1e39)
+    got, want = (m.norm_forward(x, w, None, EPS)[0] for m in (numba_cpu, reference))
+    assert got.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    assert finite.any() and not finite.all()
+    np.testing.assert_allclose(got[finite], want[finite], rtol=8 * U32)
 
 
 def test_fastmath_helpers_keep_nan_inf():
