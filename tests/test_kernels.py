@@ -653,49 +653,29 @@ def test_many_layer_norm_rows_per_chunk(dtype):
         check_case({**case, "centered": centered, "need_affine_grads": True})
 
 
-def test_float32_row_terms_are_summed_in_short_blocks():
-    """A row's dweight/dbias terms are summed in float32 over blocks of TERM_BLOCK_ROWS rows only. Column 0
-    has one term of about 1 and then 16383 of about 0.45 u: in one float32 sum each small term would vanish
-    next to the 1, and a chunk of 256 rows would lose 255 * 0.45 u = 115 u, far past the bound (16 u here).
-    In blocks of 8 only the 7 beside the 1 vanish."""
-    N = 16384
+@pytest.mark.parametrize(("N", "term", "tightness"), [(16384, 0.45, 20), (16, 0.99, 14)])
+def test_float32_row_terms_are_summed_in_blocks_of_term_block_rows(N, term, tightness):
+    """A row's dweight/dbias terms are summed in float32 over blocks of TERM_BLOCK_ROWS = 8 rows only. Column 0
+    has one term of about 1 and then N - 1 of ``term`` u: in one float32 sum each small term (under half an ulp of
+    1) would vanish next to the 1. In blocks of 8 only the 7 beside the 1 vanish. 16384 rows of 0.45 u, in chunks
+    of 256: a chunk summed whole would lose 255 * 0.45 u = 115 u, far past the bound (16 u here). 16 rows of
+    0.99 u, one chunk: in blocks of 8, 6.9 u off, within the bound of (8 + 2) u; in blocks of 16, 14.9 u, past it
+    (which 0.45 u terms cannot tell)."""
     x = np.tile(np.array([1.0, -1.0], dtype=np.float32), (N, 1)).reshape(N, 1, 2, 1)  # xhat = +-1 (almost)
-    dy = np.full(x.shape, 0.45 * U32, dtype=np.float32)
+    dy = np.full(x.shape, term * U32, dtype=np.float32)
     dy[0] = 1.0
     w = np.ones((1, 2), dtype=np.float32)
     _, mean, var = reference.norm_forward(x, w, None, EPS)
     rstd = 1.0 / np.sqrt(var + EPS)
     got = numba_cpu.norm_backward(dy, x, mean, rstd, w)
     want = reference.norm_backward(dy, x, mean, rstd, w)
-    assert numba_cpu._n_chunks(N, 1, 1, False, False) == 64  # 256 rows per chunk
+    assert numba_cpu._n_chunks(N, 1, 1, False, False) == max(1, N // 256) and numba_cpu.TERM_BLOCK_ROWS == 8
     bounds = float32_bounds(
         dict(x=x, dy=dy, weight=w, bias=None, mask=None, centered=True, reduce_batch=False), mean, var, False
     )
     assert_close(got[1], want[1], np.float32, "dweight", bounds["dweight"])
     assert_close(got[2], want[2], np.float32, "dbias", bounds["dbias"])
-    assert bounds["dbias"][0, 0] < 20 * U32 * want[2][0, 0]  # the bound is tight enough to tell
-
-
-def test_float32_row_terms_are_folded_every_term_block_rows():
-    """16 rows, one chunk: terms of 0.99 u (just under half an ulp of 1) beside a 1 vanish in a float32 sum. In
-    blocks of TERM_BLOCK_ROWS = 8 the 7 beside the 1 do: 6.9 u off, within the bound of (8 + 2) u; folded every 16
-    rows, 14.9 u off, past it (the test above, with terms of 0.45 u, cannot tell 8 from 16)."""
-    N = 16
-    x = np.tile(np.array([1.0, -1.0], dtype=np.float32), (N, 1)).reshape(N, 1, 2, 1)
-    dy = np.full(x.shape, 0.99 * U32, dtype=np.float32)
-    dy[0] = 1.0
-    w = np.ones((1, 2), dtype=np.float32)
-    _, mean, var = reference.norm_forward(x, w, None, EPS)
-    rstd = 1.0 / np.sqrt(var + EPS)
-    got = numba_cpu.norm_backward(dy, x, mean, rstd, w)
-    want = reference.norm_backward(dy, x, mean, rstd, w)
-    assert numba_cpu._n_chunks(N, 1, 1, False, False) == 1 and numba_cpu.TERM_BLOCK_ROWS == 8
-    bounds = float32_bounds(
-        dict(x=x, dy=dy, weight=w, bias=None, mask=None, centered=True, reduce_batch=False), mean, var, False
-    )
-    assert_close(got[1], want[1], np.float32, "dweight", bounds["dweight"])
-    assert_close(got[2], want[2], np.float32, "dbias", bounds["dbias"])
-    assert bounds["dbias"][0, 0] < 14 * U32 * want[2][0, 0]  # (so that 16 rows a block would not pass)
+    assert bounds["dbias"][0, 0] < tightness * U32 * want[2][0, 0]  # the bound is tight enough to tell
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
