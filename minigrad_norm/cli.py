@@ -304,7 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="time the norm kernels against STREAM bandwidth, NumPy and PyTorch")
     bench.add_argument(
-        "--quick", action="store_true", help="one shape per norm, float32 unless --dtype, few repeats (< 1 min)"
+        "--quick",
+        action="store_true",
+        help="one shape per norm, float32 unless --dtype, few repeats (under a minute once compiled)",
     )
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown (benchmarks/RESULTS.md)")
