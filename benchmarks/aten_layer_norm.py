@@ -35,11 +35,17 @@ from minigrad_norm.kernels import numba_cpu, reference
 OFFSETS = (0.0, 1e4)
 
 
-def aten_runner(torch: Any, p: bench.Problem, direction: str) -> Callable[[], Any]:
-    """ATen's LayerNorm forward or backward on the problem's (rows, dim) arrays."""
+def _tensors(torch: Any, p: bench.Problem) -> tuple[Any, Any, Any, Any]:
+    """The problem's x, dy (rows, dim) and weight, bias (dim,) as tensors sharing its arrays' memory."""
     rows, dim = p.case.shape
     x, dy = (torch.from_numpy(np.ascontiguousarray(a).reshape(rows, dim)) for a in (p.x, p.dy))
-    w, b = torch.from_numpy(p.weight.reshape(-1)), torch.from_numpy(p.bias.reshape(-1))
+    return x, dy, torch.from_numpy(p.weight.reshape(-1)), torch.from_numpy(p.bias.reshape(-1))
+
+
+def aten_runner(torch: Any, p: bench.Problem, direction: str) -> Callable[[], Any]:
+    """ATen's LayerNorm forward or backward on the problem's (rows, dim) arrays."""
+    x, dy, w, b = _tensors(torch, p)
+    dim = x.shape[1]
     _, mean, rstd = torch.native_layer_norm(x, (dim,), w, b, bench.EPS)
     if direction == "fwd":
         return lambda: torch.native_layer_norm(x, (dim,), w, b, bench.EPS)
@@ -49,9 +55,8 @@ def aten_runner(torch: Any, p: bench.Problem, direction: str) -> Callable[[], An
 def outputs(torch: Any, p: bench.Problem) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(y, dx) of ATen, of the numba kernels, and of the reference on the problem's arrays in float64: each a
     forward, then a backward on that forward's own statistics, as a layer's training step runs them."""
-    rows, dim = p.case.shape
-    x, dy = (torch.from_numpy(np.ascontiguousarray(a).reshape(rows, dim)) for a in (p.x, p.dy))
-    w, b = torch.from_numpy(p.weight.reshape(-1)), torch.from_numpy(p.bias.reshape(-1))
+    x, dy, w, b = _tensors(torch, p)
+    rows, dim = x.shape
     y, mean, rstd = torch.native_layer_norm(x, (dim,), w, b, bench.EPS)
     dx = torch.ops.aten.native_layer_norm_backward(dy, x, (dim,), mean, rstd, w, b, [True, False, False])[0]
     result = {"aten": (y.numpy(), dx.numpy())}

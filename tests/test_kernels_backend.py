@@ -1596,13 +1596,14 @@ def test_bench_cli_parses():
     assert exc.value.code == 0
 
 
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
 def _benchmark_script(name: str):
     """``benchmarks/<name>.py`` as a module (benchmarks/ is not a package)."""
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -1614,7 +1615,7 @@ def test_compare_kernels_refuses_to_time_another_checkouts_kernels_as_new(tmp_pa
     this package), it must refuse, not time this package as that tree's working tree."""
     script = tmp_path / "benchmarks" / "compare_kernels.py"
     script.parent.mkdir()
-    script.write_text((Path(__file__).resolve().parent.parent / "benchmarks" / "compare_kernels.py").read_text())
+    script.write_text((BENCHMARKS / "compare_kernels.py").read_text())
     root = str(Path(mg.__file__).resolve().parents[1])
     done = subprocess.run(
         [sys.executable, str(script), "HEAD"], capture_output=True, text=True, cwd=tmp_path, timeout=300,

@@ -2657,8 +2657,11 @@ def norm_backward(
 
 
 def _pooled_copy(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``a.astype(dtype)`` into an array of the buffer pool. dweight and dbias are as long as a row (or a block's
-    positions): for long ones a fresh array faults in its pages every call (see ``_backward_by_groups``)."""
+    """``a`` (the backward's own float64 sums) in ``dtype``: itself if it is in it already, else cast into an array
+    of the buffer pool. dweight and dbias are as long as a row (or a block's positions): for long ones a fresh
+    array faults in its pages every call (see ``_backward_by_groups``)."""
+    if a.dtype == dtype:
+        return a
     b = POOL.empty(a.shape, dtype)
     np.copyto(b, a)
     return b
