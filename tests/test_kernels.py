@@ -194,6 +194,22 @@ def run_both(case: dict, **extra) -> list[tuple]:
     return [(fwd["numba"], fwd["reference"], "forward", (bounds[False]["y"], None, None)), *out]
 
 
+def record_kernel_calls(monkeypatch) -> list[str]:
+    """The names of the kernels (``numba_cpu._KERNELS``) called from now on, in order."""
+    called = []
+
+    def recording(name, kernel):
+        def call(*args):
+            called.append(name)
+            return kernel(*args)
+
+        return call
+
+    kernels = {name: tuple(recording(name, k) for k in pair) for name, pair in numba_cpu._KERNELS.items()}
+    monkeypatch.setattr(numba_cpu, "_KERNELS", kernels)
+    return called
+
+
 def check_case(case: dict) -> None:
     """Every output of forward and backward: y, dx (and a row's dweight, dbias) within their bounds, the
     other sums to TOL."""
@@ -602,17 +618,7 @@ def test_rows_of_one_weight_take_the_lean_loop_and_never_stream(monkeypatch, vie
     every size): the lean loop does not stream, and such rows never are where dx is big enough. Rows of several
     groups without terms take the lean loop unless dx streams; LayerNorm's never. Each result the reference's, and
     the streamed calls' (or the lean loop's) bits the same as the others' where the loop differs."""
-    called = []
-
-    def recording(name, kernel):
-        def call(*args):
-            called.append(name)
-            return kernel(*args)
-
-        return call
-
-    kernels = {name: tuple(recording(name, k) for k in pair) for name, pair in numba_cpu._KERNELS.items()}
-    monkeypatch.setattr(numba_cpu, "_KERNELS", kernels)
+    called = record_kernel_calls(monkeypatch)
     monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
     monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
     rng = np.random.default_rng(12)
@@ -639,6 +645,36 @@ def test_rows_of_one_weight_take_the_lean_loop_and_never_stream(monkeypatch, vie
     other = numba_cpu.norm_backward(dy, x, mean, rstd, w, out=aligned_empty(view, np.float32), **opts)
     for g, o in zip(got, other):
         np.testing.assert_array_equal(g, o)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("pieces, N", [(3.1, 1), (2.1, 9), (0.2, 63)])
+@pytest.mark.parametrize("option", ["plain", "not centered", "eval stats", "no affine grads", "non-finite", "parallel"])
+def test_few_layer_norm_rows_go_in_column_pieces(monkeypatch, dtype, pieces, N, option):
+    """Fewer than 64 rows of one group (one chunk of rows, ``_n_chunks``) with dweight/dbias take
+    ``_backward_few_rows_kernel`` (without them, the rows' loop): each row's sums piece by piece, then dx and
+    dweight/dbias piece by piece through every row. One row of 3 pieces and
+    a ragged end, 9 rows (two blocks of TERM_BLOCK_ROWS terms) of 2 pieces and a ragged end, 63 rows shorter than a
+    piece: the reference's values within the bounds, NaN/inf where it has them, on the serial and the parallel
+    compile, with computed and given statistics, centered or not (RMSNorm), with and without dweight/dbias."""
+    called = record_kernel_calls(monkeypatch)
+    if option == "parallel":
+        monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0)
+    rng = np.random.default_rng(N)
+    L = int(pieces * numba_cpu.ROW_PIECE_BYTES // np.dtype(dtype).itemsize)
+    x = (rng.standard_normal((N, 1, L, 1)) * 2 + 3).astype(dtype)
+    if option == "non-finite":
+        x = _with_non_finite(x, rng)
+    w = rng.standard_normal((1, L)).astype(dtype)
+    case = dict(
+        x=x, dy=rng.standard_normal(x.shape).astype(dtype), weight=w, bias=w[:, ::-1] * 0.5, reduce_batch=False,
+        mask=None, centered=option != "not centered", eval_stats=option == "eval stats",
+        need_affine_grads=option != "no affine grads",
+    )  # fmt: skip
+    check_case(case)
+    kernel = "rows backward" if option == "no affine grads" else "few rows backward"
+    assert [name for name in called if "backward" in name] == [kernel] * 2  # (computed, then fixed statistics)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -918,6 +954,7 @@ def test_kernels_free_every_allocation_they_make(monkeypatch, view, reduce_batch
         ((300, 40, 1, 24), True),
         ((1001, 1, 100, 1), False),
         ((1001, 7, 1, 1), True),
+        ((9, 1, 70001, 1), False),
     ],
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -927,10 +964,11 @@ def test_bit_identical_across_thread_counts(monkeypatch, shape, reduce_batch, dt
     columns kernels', too): 1 thread and all threads agree bit for bit. The second and third views are blocks
     of short runs taken as rows (``_as_rows``), the backward's items all three groups of 64 chunks, or two
     groups of 2 chunks; the last two end in uneven chunks (LayerNorm's rows: 30 chunks of 33 rows and one of 11; the
-    columns': 58 chunks of 17 rows, one of 15 and three empty). In float64 too, whose dweight/dbias keep every bit
-    of the float64 partial sums (rounded to float32, other partial sums mostly give the same bits); with a mask,
-    with given (eval) statistics and the fixed-statistics backward, and with a bias but no weight (no affine
-    gradients)."""
+    columns': 58 chunks of 17 rows, one of 15 and three empty); the one after them, 9 long rows, goes in 18 or 35
+    column pieces (float32, float64), the last ragged (``_backward_few_rows_kernel``). In float64 too, whose
+    dweight/dbias keep every bit of the float64 partial sums (rounded to float32, other partial sums mostly give
+    the same bits); with a mask, with given (eval) statistics and the fixed-statistics backward, and with a bias but
+    no weight (no affine gradients)."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal(shape).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)

@@ -598,20 +598,26 @@ def test_threads_launch_parallel_kernels_at_once_on_any_threading_layer(layer):
 
 def test_a_layer_norm_compiles_the_row_kernels_only(tmp_path):
     """Rows and other blocks have kernels of their own, so that a LayerNorm's first call compiles no item function
-    of the blocks (they were more than half of its compile time), nor the lean loop of rows of one weight."""
+    of the blocks (they were more than half of its compile time), nor the lean loop of rows of one weight; and
+    fewer than 64 rows (one chunk, ``_n_chunks``) go in column pieces, a kernel of their own."""
     code = """
         import numpy as np
         from minigrad_norm.kernels import numba_cpu
-        x = np.ones((3, 1, 4, 1), np.float32)
-        _, mean, var = numba_cpu.norm_forward(x, np.ones((1, 4), np.float32), None, 1e-5)
-        numba_cpu.norm_backward(x, x, mean, 1 / np.sqrt(var + 1e-5), np.ones((1, 4), np.float32))
-        compiled = {name for name, pair in numba_cpu._KERNELS.items() if any(k.signatures for k in pair)}
-        items = [f for f in ("_forward_rows", "_backward_rows", "_backward_rows_lean", "_forward_groups",
-                             "_backward_groups") if getattr(numba_cpu, f).signatures]
-        print(sorted(compiled), items)
+        for N in (64, 3):
+            x = np.ones((N, 1, 4, 1), np.float32)
+            _, mean, var = numba_cpu.norm_forward(x, np.ones((1, 4), np.float32), None, 1e-5)
+            numba_cpu.norm_backward(x, x, mean, 1 / np.sqrt(var + 1e-5), np.ones((1, 4), np.float32))
+            compiled = {name for name, pair in numba_cpu._KERNELS.items() if any(k.signatures for k in pair)}
+            items = [f for f in ("_forward_rows", "_backward_rows", "_backward_row_pieces", "_backward_rows_lean",
+                                 "_forward_groups", "_backward_groups") if getattr(numba_cpu, f).signatures]
+            print(sorted(compiled), items)
     """
-    out = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.strip()
-    assert out == "['rows backward', 'rows forward'] ['_forward_rows', '_backward_rows']"
+    out = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.strip().splitlines()
+    assert out == [
+        "['rows backward', 'rows forward'] ['_forward_rows', '_backward_rows']",
+        "['few rows backward', 'rows backward', 'rows forward'] ['_forward_rows', '_backward_rows', "
+        "'_backward_row_pieces']",
+    ]
 
 
 def test_compiling_every_kernel_calls_each_kernel_alone_in_both_compiles_and_dtypes(monkeypatch):
@@ -689,10 +695,11 @@ def test_kernels_compiled_in_several_processes_load_from_the_cache_and_compute_t
         rng = np.random.default_rng(0)
         for dtype, rtol in ((np.float32, 1e-4), (np.float64, 1e-10)):
             for n in (1024, 4 * numba_cpu.PARALLEL_MIN_ELEMENTS):  # the serial and the parallel compile
-                # rows, rows of one weight (the lean loop), general blocks, BatchNorm's columns: each shape takes
-                # its own kernels
+                # rows, rows of one weight (the lean loop), few long rows, general blocks, BatchNorm's columns:
+                # each shape takes its own kernels
                 for shape, reduce_batch in (((n // 2, 1, 2, 1), False), ((n // 2, 1, 1, 2), False),
-                                            ((n // 1024, 1, 1, 1024), False), ((n // 2, 2, 1, 1), True)):
+                                            ((2, 1, n // 2, 1), False), ((n // 1024, 1, 1, 1024), False),
+                                            ((n // 2, 2, 1, 1), True)):
                     x, dy = rng.standard_normal((2, *shape)).astype(dtype)
                     w = rng.standard_normal(shape[1:3]).astype(dtype)
                     got = numba_cpu.norm_forward(x, w, w, 1e-5, reduce_batch=reduce_batch)

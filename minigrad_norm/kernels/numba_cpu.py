@@ -223,6 +223,8 @@ STREAM_CHUNK_BYTES = 4096
 TERM_BLOCK_ROWS = 8
 # The forward takes rows of at most this many bytes in batches of this many: see _forward_rows.
 SHORT_ROW_BYTES = 64
+# columns of a piece of the few rows' backward (``_backward_few_rows_kernel``)
+ROW_PIECE_BYTES = 16 * 1024
 SHORT_ROWS_BATCH_BYTES = 4096
 # dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks
 # (and at most this many work items in the forward).
@@ -1371,6 +1373,32 @@ def _backward_rows_lean(
 
 
 @_item
+def _backward_row_pieces(
+    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, proj, mdx, piece, first, last, dw, db, scratch, stream
+):
+    """``_backward_rows`` of the pieces p = first..last-1 of ``piece`` columns of every row of one group (LayerNorm's,
+    RMSNorm's), each row's proj = B/L and mdx = A/L given (``_backward_few_rows_kernel``): dx, and each piece's own
+    dweight and dbias columns in dw, db (float64), its rows' terms summed as ``_backward_rows``
+    sums them, in blocks of TERM_BLOCK_ROWS rows (the same bits)."""
+    N, _, L = x3.shape
+    terms = np.zeros((2, piece), dx3.dtype)
+    for p in range(first, last):
+        j0 = p * piece
+        j1 = min(L, j0 + piece)
+        tw, tb, pw, pb = terms[0, : j1 - j0], terms[1, : j1 - j0], dw[j0:j1], db[j0:j1]
+        pw[:] = 0.0
+        pb[:] = 0.0
+        for n in range(N):
+            mu = mean2[n, 0] if use_mean else 0.0
+            _dx_row_to(
+                dy3[n, 0, j0:j1], x3[n, 0, j0:j1], dx3[n, 0, j0:j1], scratch, stream, w2[0, j0:j1], mu, rstd2[n, 0],
+                proj[n], mdx[n], fixed, True, tw, tb, True,
+            )  # fmt: skip
+            if (n + 1) % TERM_BLOCK_ROWS == 0 or n == N - 1:
+                _fold_terms(tw, tb, pw, pb)
+
+
+@_item
 def _backward_groups(
     dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pw2, pb2, K, S, first,
     last, scratch, stream,
@@ -2037,6 +2065,58 @@ def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, 
         )
 
 
+def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, dw, db, sums, piece, stream):
+    """The backward of rows of one group (LayerNorm's, RMSNorm's) too few to share out in chunks of rows
+    (``_n_chunks``: one chunk), with dweight/dbias, in pieces of ``piece`` columns: first each row's sums A and B
+    piece by piece (work items (row, piece), into ``sums`` (N, pieces, 2), the caller's), added up per row in piece
+    order; then runs of consecutive pieces (work items) through every row, each piece with its own dweight and
+    dbias columns dw, db (float64, the caller's): no partial rows to add, and the same bits on any number of threads.
+
+    Why: in one chunk the rows' loop runs on one thread, and a long row's dweight/dbias terms go through term rows
+    and float64 partial rows as long as the row, from memory. Pieces read x and dy twice from where they are (a
+    row of the rows' loop comes back from L2 for its dx when it fits there), but on every thread, their terms in
+    L1. ``benchmarks/compare_kernels.py HEAD --rounds 10`` (2 threads, hot, the AMD Zen 4 VM, one noisy run)
+    took the float32 backward of 1 row of 2^23 values 0.44 of the time (67 ms against 30), 16 rows of 2^19 0.87,
+    32 of 200704 0.74, 48 of 65536 0.86, 8 of 65536 0.76, 63 of 16384 0.73; float64 16 rows of 2^18 0.83, 48 of
+    2^15 1.02; rows of up to 4096 values in the cache (serial) 0.80-1.02. Without dweight/dbias (this kernel then
+    taking them too), float32 0.80-1.04 but float64 1.25-1.27: those stay in the rows' loop.
+    Pieces of 16 KiB against 4 KiB: 0.90-0.92 of the time (one row of 2^23 float32 values, 16 rows of 2^19),
+    32 KiB 0.97-1.00 of 16.
+
+    Its price, a kernel as big to compile as the rows' (one dtype's two compiles 18.5 s against 20.9, the AMD
+    Zen 4 VM): the cold compile of every kernel took 104.5 s instead of 87.7 there (``benchmarks/compile_time.py
+    HEAD --rounds 1``), against the 60 s that issue 4 allows and that VM already missed."""
+    N, _, L = x3.shape
+    pieces = sums.shape[1]
+    proj = np.zeros(N)
+    mdx = np.zeros(N)
+    if not fixed:
+        for i in prange(N * pieces):
+            n = i // pieces
+            j0 = (i % pieces) * piece
+            j1 = min(L, j0 + piece)
+            mu = mean2[n, 0] if use_mean else 0.0
+            sums[n, i % pieces] = _row_dx_sums(dy3[n, 0, j0:j1], x3[n, 0, j0:j1], w2[0, j0:j1], mu, rstd2[n, 0])
+        for n in range(N):
+            A = 0.0
+            B = 0.0
+            for p in range(pieces):
+                A += sums[n, p, 0]
+                B += sums[n, p, 1]
+            proj[n] = B / L
+            mdx[n] = A / L if use_mean else 0.0
+    items, per_item = _work_items(pieces, False)
+    for i in prange(items):
+        first = i * per_item
+        last = min(pieces, first + per_item)
+        scratch = np.empty(_scratch_len(piece, 1, True, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
+        _backward_row_pieces(
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, proj, mdx, piece, first, last, dw, db, scratch, stream
+        )
+        if stream:
+            _store_fence()
+
+
 def _backward_groups_kernel(
     dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pdw, pdb, K, S, stream
 ):
@@ -2190,6 +2270,7 @@ _KERNELS = {
         ("groups forward", _forward_groups_kernel),
         ("rows backward", _backward_rows_kernel),
         ("lean rows backward", _backward_rows_lean_kernel),
+        ("few rows backward", _backward_few_rows_kernel),
         ("groups backward", _backward_groups_kernel),
         ("columns forward", _columns_forward_kernel),
         ("columns backward", _columns_backward_kernel),
@@ -2517,8 +2598,8 @@ def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int
     to the bytes the chunk moved. The float32 backward with chunks of at least 16, 32, 64 and 128 rows (2 threads,
     cold caches; the AMD Zen 4 VM): (512, 4096) 1.00, 0.94, 0.93, 0.90 of the time (on one thread, hot: 1.00,
     0.92, 0.89, 0.87), (1024, 1024) 1.00, 0.94, 0.94, 0.96, (2048, 2048) 1.00, 1.01, 0.97, 0.93; float64 (512,
-    4096) 1.00, 0.96, 0.93, 0.98; (8192, 1024) 64 chunks in each case but the last (32): 0.99. 32, not more: the
-    chunks bound how many threads a backward of few rows can use."""
+    4096) 1.00, 0.96, 0.93, 0.98; (8192, 1024) 64 chunks in each case but the last (32): 0.99. Rows of one group
+    too few for two chunks (fewer than 64) go in pieces of columns instead (``_backward_few_rows_kernel``)."""
     if reduce_batch:
         return 1
     if _rows(S, has_mask, reduce_batch):
@@ -2692,6 +2773,12 @@ def _backward_by_groups(
     # terms, unless streamed (LayerNorm's and RMSNorm's rows, one group, have a compile of their own there)
     if rows and (affine and terms_per_row or not affine and G > 1 and not stream):
         _kernel("lean rows backward", x3.size)(dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb)
+    elif rows and G == 1 and n_chunks == 1 and affine:
+        piece = min(L, ROW_PIECE_BYTES // x3.itemsize)
+        sums = POOL.empty((N, (L + piece - 1) // piece, 2), np.float64)
+        _kernel("few rows backward", x3.size)(
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, pdw[0, 0], pdb[0, 0], sums, piece, stream
+        )
     elif rows:
         g_blocks, per_block = _row_blocks.py_func(G, n_chunks)
         terms = POOL.empty((n_chunks * g_blocks, per_block, 2, L if affine else 0), x3.dtype)
@@ -2705,6 +2792,8 @@ def _backward_by_groups(
         )  # fmt: skip
     if not affine:
         return None, None
+    if n_chunks == 1:
+        return pdw[0], pdb[0]
     # the partial sums added in chunk order: the same bits on any number of threads
     return tuple(p.sum(axis=0, out=POOL.empty(p.shape[1:], p.dtype)) for p in (pdw, pdb))
 
@@ -2785,6 +2874,7 @@ def _compile_kernel(name: str, dtypes: Sequence[str]) -> None:
             shape = {
                 "rows": (n // 2, 1, 2, 1),
                 "lean rows": (n // 2, 1, 1, 2),  # (a block of one run of 2 values: a row of one weight)
+                "few rows": (2, 1, n // 2, 1),
                 "groups": (n // run, 1, 1, run),
                 "columns": (n // 2, 2, 1, 1),
             }[blocks]
