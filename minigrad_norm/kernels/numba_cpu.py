@@ -1378,8 +1378,8 @@ def _backward_row_pieces(
 ):
     """``_backward_rows`` of the pieces p = first..last-1 of ``piece`` columns of every row of one group (LayerNorm's,
     RMSNorm's), each row's proj = B/L and mdx = A/L given (``_backward_few_rows_kernel``): dx, and each piece's own
-    dweight and dbias columns in dw, db (float64), its rows' terms summed as ``_backward_rows``
-    sums them, in blocks of TERM_BLOCK_ROWS rows (the same bits)."""
+    dweight and dbias columns in dw, db (float64), its rows' terms summed as ``_backward_rows`` sums them, in
+    blocks of TERM_BLOCK_ROWS rows (the same bits)."""
     N, _, L = x3.shape
     terms = np.zeros((2, piece), dx3.dtype)
     for p in range(first, last):
@@ -2092,11 +2092,11 @@ def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, d
     mdx = np.zeros(N)
     if not fixed:
         for i in prange(N * pieces):
-            n = i // pieces
-            j0 = (i % pieces) * piece
+            n, q = i // pieces, i % pieces
+            j0 = q * piece
             j1 = min(L, j0 + piece)
             mu = mean2[n, 0] if use_mean else 0.0
-            sums[n, i % pieces] = _row_dx_sums(dy3[n, 0, j0:j1], x3[n, 0, j0:j1], w2[0, j0:j1], mu, rstd2[n, 0])
+            sums[n, q] = _row_dx_sums(dy3[n, 0, j0:j1], x3[n, 0, j0:j1], w2[0, j0:j1], mu, rstd2[n, 0])
         for n in range(N):
             A = 0.0
             B = 0.0
