@@ -650,16 +650,18 @@ def test_rows_of_one_weight_take_the_lean_loop_and_never_stream(monkeypatch, vie
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("pieces, N", [(3.1, 1), (2.1, 9), (0.2, 63)])
-@pytest.mark.parametrize("option", ["plain", "not centered", "eval stats", "no affine grads", "non-finite", "parallel"])
+@pytest.mark.parametrize(
+    "option", ["plain", "not centered", "eval stats", "no affine", "non-finite", "parallel", "parallel, no affine"]
+)
 def test_few_layer_norm_rows_go_in_column_pieces(monkeypatch, dtype, pieces, N, option):
     """Fewer than 64 rows of one group (one chunk of rows, ``_n_chunks``) with dweight/dbias take
-    ``_backward_few_rows_kernel`` (without them, the rows' loop): each row's sums piece by piece, then dx and
-    dweight/dbias piece by piece through every row. One row of 3 pieces and
+    ``_backward_few_rows_kernel``: each row's sums piece by piece, then dx and dweight/dbias piece by piece through
+    every row. Without them, the rows' loop, a chunk a row (no partial rows to keep few). One row of 3 pieces and
     a ragged end, 9 rows (two blocks of TERM_BLOCK_ROWS terms) of 2 pieces and a ragged end, 63 rows shorter than a
     piece: the reference's values within the bounds, NaN/inf where it has them, on the serial and the parallel
     compile, with computed and given statistics, centered or not (RMSNorm), with and without dweight/dbias."""
     called = record_kernel_calls(monkeypatch)
-    if option == "parallel":
+    if option.startswith("parallel"):
         monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0)
     rng = np.random.default_rng(N)
     L = int(pieces * numba_cpu.ROW_PIECE_BYTES // np.dtype(dtype).itemsize)
@@ -670,11 +672,14 @@ def test_few_layer_norm_rows_go_in_column_pieces(monkeypatch, dtype, pieces, N, 
     case = dict(
         x=x, dy=rng.standard_normal(x.shape).astype(dtype), weight=w, bias=w[:, ::-1] * 0.5, reduce_batch=False,
         mask=None, centered=option != "not centered", eval_stats=option == "eval stats",
-        need_affine_grads=option != "no affine grads",
+        need_affine_grads=not option.endswith("no affine"),
     )  # fmt: skip
     check_case(case)
-    kernel = "rows backward" if option == "no affine grads" else "few rows backward"
+    kernel = "few rows backward" if case["need_affine_grads"] else "rows backward"
     assert [name for name in called if "backward" in name] == [kernel] * 2  # (computed, then fixed statistics)
+    assert numba_cpu._n_chunks(N, 1, 1, False, False, affine=case["need_affine_grads"]) == (
+        1 if case["need_affine_grads"] else N
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -2579,7 +2579,7 @@ def _moments_piece(L: int, itemsize: int) -> int:
     return MOMENTS_PIECE if L * itemsize > MOMENTS_MIN_BLOCK_BYTES else max(L, 1)
 
 
-def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int:
+def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool, affine: bool = True) -> int:
     """How many row chunks (or work items) the backward and its dweight/dbias partial sums use: a function of the
     shape only (never of the thread count), enough items to balance the threads, and few enough that
     the partial buffers (n_chunks * G * K) stay small next to the data (N * G * K * S).
@@ -2599,11 +2599,17 @@ def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool) -> int
     cold caches; the AMD Zen 4 VM): (512, 4096) 1.00, 0.94, 0.93, 0.90 of the time (on one thread, hot: 1.00,
     0.92, 0.89, 0.87), (1024, 1024) 1.00, 0.94, 0.94, 0.96, (2048, 2048) 1.00, 1.01, 0.97, 0.93; float64 (512,
     4096) 1.00, 0.96, 0.93, 0.98; (8192, 1024) 64 chunks in each case but the last (32): 0.99. Rows of one group
-    too few for two chunks (fewer than 64) go in pieces of columns instead (``_backward_few_rows_kernel``)."""
+    too few for two chunks (fewer than 64) go in pieces of columns instead (``_backward_few_rows_kernel``).
+
+    Without ``affine`` (no dweight/dbias) there are no partial rows, and rows take a chunk each, up to
+    _TARGET_ITEMS: fewer than 64 rows had gone on one thread. ``benchmarks/compare_kernels.py HEAD`` ("bwd, no
+    affine grads", 2 threads, hot, the AMD Zen 4 VM) took float32 8 rows of 65536 values 0.74 of the time, 48 of
+    them 0.62, 63 of 16384 0.66, 16 of 2^19 (from DRAM) 0.94; float64 16 rows of 2^18 0.56, 48 of 2^15 0.74; from
+    64 to 1024 rows (4-32 chunks before, 64 now) 0.95-1.03, where two copies of the same code read 0.86-1.06."""
     if reduce_batch:
         return 1
     if _rows(S, has_mask, reduce_batch):
-        return max(1, min(N, _TARGET_ITEMS, N // _MIN_ROWS_PER_CHUNK))
+        return max(1, min(N, _TARGET_ITEMS, N // _MIN_ROWS_PER_CHUNK if affine else N))
     return max(1, min(N * G, _TARGET_ITEMS, N * S // _MIN_TERMS_PER_CHUNK))
 
 
@@ -2757,7 +2763,7 @@ def _backward_by_groups(
     N, G, L = x3.shape
     K = w2.shape[1]
     S = L // K
-    n_chunks = _n_chunks(N, G, S, reduce_batch, mask is not None)
+    n_chunks = _n_chunks(N, G, S, reduce_batch, mask is not None, affine)
     # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them. From the
     # pool, as the rows' term rows, their sums and dweight and dbias (``_pooled_copy``): for long rows they reach
     # glibc's mmap threshold, and fresh pages every call (zeroed by the OS on first touch) took a float32 LayerNorm
