@@ -649,7 +649,7 @@ def test_rows_of_one_weight_take_the_lean_loop_and_never_stream(monkeypatch, vie
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("pieces, N", [(3.1, 1), (2.1, 9), (0.2, 63)])
+@pytest.mark.parametrize("pieces, N", [(3.1, 1), (2.1, 9), (0.2, 63), (130.5, 1)])
 @pytest.mark.parametrize(
     "option", ["plain", "not centered", "eval stats", "no affine", "non-finite", "parallel", "parallel, no affine"]
 )
@@ -658,7 +658,8 @@ def test_few_layer_norm_rows_go_in_column_pieces(monkeypatch, dtype, pieces, N, 
     ``_backward_few_rows_kernel``: each row's sums piece by piece, then dx and dweight/dbias piece by piece through
     every row. Without them, the rows' loop, a chunk a row (no partial rows to keep few). One row of 3 pieces and
     a ragged end, 9 rows (two blocks of TERM_BLOCK_ROWS terms) of 2 pieces and a ragged end, 63 rows shorter than a
-    piece: the reference's values within the bounds, NaN/inf where it has them, on the serial and the parallel
+    piece, one row of 131 pieces (two or three to a work item, each starting from terms of 0): the reference's
+    values within the bounds, NaN/inf where it has them, on the serial and the parallel
     compile, with computed and given statistics, centered or not (RMSNorm), with and without dweight/dbias."""
     called = record_kernel_calls(monkeypatch)
     if option.startswith("parallel"):
@@ -1241,15 +1242,19 @@ def test_negative_strides_and_transposed_views_give_the_contiguous_results(layou
             assert_close(g, want[name], dtype, what, bound)
 
 
-def test_mixed_dtypes_follow_the_reference():
-    """float64 dy with float32 x: computed in float64, dx in x's dtype, like the reference."""
+@pytest.mark.parametrize("dy_dtype, w_dtype", [(np.float64, np.float32), (np.float32, np.float64)])
+def test_mixed_dtypes_follow_the_reference(dy_dtype, w_dtype):
+    """float32 x with float64 dy (computed in float64) or a float64 weight: dx in x's dtype, dweight and dbias in
+    the weight's, like the reference. (Few rows, in a dtype other than their weight's, take the rows' loop:
+    ``_backward_few_rows_kernel`` writes dweight/dbias in x's dtype.)"""
     rng = np.random.default_rng(5)
     x = rng.standard_normal((4, 1, 6, 1)).astype(np.float32)
-    dy = rng.standard_normal(x.shape)
-    w = rng.standard_normal((1, 6)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(dy_dtype)
+    w = rng.standard_normal((1, 6)).astype(w_dtype)
     _, mean, var = reference.norm_forward(x, w, None, EPS)
     rstd = 1 / np.sqrt(var + EPS)
     for g, r in zip(numba_cpu.norm_backward(dy, x, mean, rstd, w), reference.norm_backward(dy, x, mean, rstd, w)):
+        assert g.dtype == r.dtype
         assert_close(g, r, np.float32, "mixed dtypes")
 
 

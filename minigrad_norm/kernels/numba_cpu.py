@@ -953,6 +953,17 @@ def _fold_terms(tw, tb, pw, pb):
 
 
 @numba.njit(error_model="numpy", inline="always")
+def _fold_terms_to(tw, tb, pw, pb, ow, ob):
+    """``_fold_terms`` of the last block of terms, its float64 sums then rounded into ow and ob (in x's dtype)
+    instead of kept: the same bits as a fold and a copy, in one pass (``_backward_row_pieces``)."""
+    for i in range(tw.shape[0]):
+        ow[i] = pw[i] + np.float64(tw[i])
+        ob[i] = pb[i] + np.float64(tb[i])
+        tw[i] = 0.0
+        tb[i] = 0.0
+
+
+@numba.njit(error_model="numpy", inline="always")
 def _dx_row_to(dyb, xb, dxb, scratch, stream, w, mu, r, proj, mdx, fixed, affine, tw, tb, whole_rows):
     """``_dx_row`` (with ``affine``, ``_dx_row_affine``) into dxb, streamed through ``scratch`` with ``stream``.
 
@@ -1378,14 +1389,15 @@ def _backward_row_pieces(
 ):
     """``_backward_rows`` of the pieces p = first..last-1 of ``piece`` columns of every row of one group (LayerNorm's,
     RMSNorm's), each row's proj = B/L and mdx = A/L given (``_backward_few_rows_kernel``): dx, and each piece's own
-    dweight and dbias columns in dw, db (float64), its rows' terms summed as ``_backward_rows`` sums them, in
-    blocks of TERM_BLOCK_ROWS rows (the same bits)."""
+    dweight and dbias columns in dw, db (in x's dtype), its rows' terms summed as ``_backward_rows`` sums them, in
+    blocks of TERM_BLOCK_ROWS rows, in float64, then rounded once (the same bits)."""
     N, _, L = x3.shape
     terms = np.zeros((2, piece), dx3.dtype)
+    sums = np.empty((2, piece))
     for p in range(first, last):
         j0 = p * piece
         j1 = min(L, j0 + piece)
-        tw, tb, pw, pb = terms[0, : j1 - j0], terms[1, : j1 - j0], dw[j0:j1], db[j0:j1]
+        tw, tb, pw, pb = terms[0, : j1 - j0], terms[1, : j1 - j0], sums[0, : j1 - j0], sums[1, : j1 - j0]
         pw[:] = 0.0
         pb[:] = 0.0
         for n in range(N):
@@ -1394,7 +1406,9 @@ def _backward_row_pieces(
                 dy3[n, 0, j0:j1], x3[n, 0, j0:j1], dx3[n, 0, j0:j1], scratch, stream, w2[0, j0:j1], mu, rstd2[n, 0],
                 proj[n], mdx[n], fixed, True, tw, tb, True,
             )  # fmt: skip
-            if (n + 1) % TERM_BLOCK_ROWS == 0 or n == N - 1:
+            if n == N - 1:
+                _fold_terms_to(tw, tb, pw, pb, dw[j0:j1], db[j0:j1])
+            elif (n + 1) % TERM_BLOCK_ROWS == 0:
                 _fold_terms(tw, tb, pw, pb)
 
 
@@ -2070,7 +2084,8 @@ def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, d
     (``_n_chunks``: one chunk), with dweight/dbias, in pieces of ``piece`` columns: first each row's sums A and B
     piece by piece (work items (row, piece), into ``sums`` (N, pieces, 2), the caller's), added up per row in piece
     order; then runs of consecutive pieces (work items) through every row, each piece with its own dweight and
-    dbias columns dw, db (float64, the caller's): no partial rows to add, and the same bits on any number of threads.
+    dbias columns dw, db (in x's dtype, the caller's; a piece's sums in float64 until they are written): no partial
+    rows to add, and the same bits on any number of threads.
 
     Why: in one chunk the rows' loop runs on one thread, and a long row's dweight/dbias terms go through term rows
     and float64 partial rows as long as the row, from memory. Pieces read x and dy twice from where they are (a
@@ -2082,6 +2097,13 @@ def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, d
     taking them too), float32 0.80-1.04 but float64 1.25-1.27: those stay in the rows' loop.
     Pieces of 16 KiB against 4 KiB: 0.90-0.92 of the time (one row of 2^23 float32 values, 16 rows of 2^19),
     32 KiB 0.97-1.00 of 16.
+    dweight/dbias are written in x's dtype, each piece's float64 sums rounded as its last block of terms is folded
+    in (``_fold_terms_to``), rather than in float64 and cast after the kernel: for float32 data that wrote,
+    read back and cast 16 bytes a column where 8 are written now. ``compare_kernels.py HEAD --floor`` (the same
+    VM, hot): float32 one row of 2^23 values 0.57 of the time (26.3 ms against 15.0), 16 rows of 2^19 0.92, 8 of
+    65536 0.86, 48 of 65536 0.93, 63 of 16384 0.91, 32 of 4096 0.89, 2 of 768 0.87 (copies of the same code
+    1.00-1.04); float64 (then a copy, a pass over the piece, where the old code folded into dw itself: a row of
+    2^22 1.07-1.16, and so folded in as it is written, 1.03) 0.98-1.03.
 
     Its price, a kernel as big to compile as the rows' (one dtype's two compiles 18.5 s against 20.9, the AMD
     Zen 4 VM): the cold compile of every kernel took 104.5 s instead of 87.7 there (``benchmarks/compile_time.py
@@ -2735,8 +2757,9 @@ def norm_backward(
             dweight, dbias = dweight.reshape(G, K, S).sum(axis=2), dbias.reshape(G, K, S).sum(axis=2)
     else:
         dweight, dbias = _backward_by_groups(
-            dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream(L)
-        )
+            dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream(L),
+            dweight_dtype=weight.dtype if affine else None,
+        )  # fmt: skip
     dx = _finish(dx.astype(x.dtype) if common != x.dtype else dx, out)
     if not affine:
         return dx, None, None
@@ -2744,7 +2767,7 @@ def norm_backward(
 
 
 def _pooled_copy(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``a`` (the backward's own float64 sums) in ``dtype``: itself if it is in it already, else cast into an array
+    """``a`` (the backward's own sums) in ``dtype``: itself if it is in it already, else cast into an array
     of the buffer pool. dweight and dbias are as long as a row (or a block's positions): for long ones a fresh
     array faults in its pages every call (see ``_backward_by_groups``)."""
     if a.dtype == dtype:
@@ -2755,15 +2778,29 @@ def _pooled_copy(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def _backward_by_groups(
-    dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream, terms_per_row=False
-):
+    dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream, terms_per_row=False,
+    dweight_dtype=np.float64,
+):  # fmt: skip
     """The backward of the blocks (``_backward_rows_kernel``, ``_backward_groups_kernel``): dx into ``dx``;
-    returns (dweight, dbias) in float64, or (None, None) without ``affine``; with ``terms_per_row`` (rows whose
-    weight is one value repeated) one value per group, (G, 1)."""
+    returns (dweight, dbias), or (None, None) without ``affine``; with ``terms_per_row`` (rows whose
+    weight is one value repeated) one value per group, (G, 1). They come in float64, or, where the few rows' kernel
+    takes the rows and ``dweight_dtype`` (the dtype the caller wants them in) is x's, in x's dtype."""
     N, G, L = x3.shape
     K = w2.shape[1]
     S = L // K
     n_chunks = _n_chunks(N, G, S, reduce_batch, mask is not None, affine)
+    use_mean, dx3 = centered or fixed_stats, dx.reshape(N, G, L)
+    rows = _rows(S, mask is not None, reduce_batch)
+    if rows and G == 1 and n_chunks == 1 and affine and not terms_per_row and dweight_dtype == x3.dtype:
+        # (rows in another dtype than their weight's, rare, take the rows' loop: this kernel compiles for
+        # dweight/dbias in x's dtype only, rounded so from its float64 sums; see the kernel for why)
+        piece = min(L, ROW_PIECE_BYTES // x3.itemsize)
+        sums = POOL.empty((N, (L + piece - 1) // piece, 2), np.float64)
+        dw, db = POOL.empty((G, L), x3.dtype), POOL.empty((G, L), x3.dtype)
+        _kernel("few rows backward", x3.size)(
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, dw[0], db[0], sums, piece, stream
+        )
+        return dw, db
     # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them. From the
     # pool, as the rows' term rows, their sums and dweight and dbias (``_pooled_copy``): for long rows they reach
     # glibc's mmap threshold, and fresh pages every call (zeroed by the OS on first touch) took a float32 LayerNorm
@@ -2771,20 +2808,12 @@ def _backward_by_groups(
     # its memory instead)
     pdw = POOL.empty((n_chunks, G, (1 if terms_per_row else K) if affine else 0), np.float64)
     pdb = POOL.empty(pdw.shape, np.float64)
-    use_mean, dx3 = centered or fixed_stats, dx.reshape(N, G, L)
-    rows = _rows(S, mask is not None, reduce_batch)
     # Rows with a dweight/dbias term per row take the lean loop, their dx never streamed (where dx is big enough to
     # stream, _as_rows takes runs of at most 256 bytes as rows, below the 512 bytes of whole cache lines that a
     # streamed block needs: that changes nothing but under a test's limits); so do rows of several groups without
     # terms, unless streamed (LayerNorm's and RMSNorm's rows, one group, have a compile of their own there)
     if rows and (affine and terms_per_row or not affine and G > 1 and not stream):
         _kernel("lean rows backward", x3.size)(dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb)
-    elif rows and G == 1 and n_chunks == 1 and affine:
-        piece = min(L, ROW_PIECE_BYTES // x3.itemsize)
-        sums = POOL.empty((N, (L + piece - 1) // piece, 2), np.float64)
-        _kernel("few rows backward", x3.size)(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, pdw[0, 0], pdb[0, 0], sums, piece, stream
-        )
     elif rows:
         g_blocks, per_block = _row_blocks.py_func(G, n_chunks)
         terms = POOL.empty((n_chunks * g_blocks, per_block, 2, L if affine else 0), x3.dtype)
