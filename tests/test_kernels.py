@@ -1245,17 +1245,21 @@ def test_negative_strides_and_transposed_views_give_the_contiguous_results(layou
 @pytest.mark.parametrize("dy_dtype, w_dtype", [(np.float64, np.float32), (np.float32, np.float64)])
 def test_mixed_dtypes_follow_the_reference(dy_dtype, w_dtype):
     """float32 x with float64 dy (computed in float64) or a float64 weight: dx in x's dtype, dweight and dbias in
-    the weight's, like the reference. (Few rows, in a dtype other than their weight's, take the rows' loop:
-    ``_backward_few_rows_kernel`` writes dweight/dbias in x's dtype.)"""
+    the weight's, like the reference. A float64 weight's dweight/dbias keep the bits of the float64 sums of the
+    rows' three blocks of terms, not float32 values widened: few rows in a dtype other than their weight's take
+    the rows' loop, not ``_backward_few_rows_kernel``, which writes them in x's dtype."""
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((4, 1, 6, 1)).astype(np.float32)
+    x = rng.standard_normal((20, 1, 6, 1)).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(dy_dtype)
     w = rng.standard_normal((1, 6)).astype(w_dtype)
     _, mean, var = reference.norm_forward(x, w, None, EPS)
     rstd = 1 / np.sqrt(var + EPS)
-    for g, r in zip(numba_cpu.norm_backward(dy, x, mean, rstd, w), reference.norm_backward(dy, x, mean, rstd, w)):
+    got = numba_cpu.norm_backward(dy, x, mean, rstd, w)
+    for g, r in zip(got, reference.norm_backward(dy, x, mean, rstd, w)):
         assert g.dtype == r.dtype
         assert_close(g, r, np.float32, "mixed dtypes")
+    if w_dtype == np.float64:
+        assert all(np.any(g.astype(np.float32) != g) for g in got[1:])
 
 
 @given(st.sampled_from([np.float32, np.float64]), st.integers(0, 2**32 - 1), st.integers(1, 50))
