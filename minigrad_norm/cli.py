@@ -419,4 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error := _environment_error():
         print(f"minigrad-norm {args.command}: {error}", file=sys.stderr)
         return 2
-    return args.run(args)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:  # (Ctrl-C: a message, not a traceback; 128 + SIGINT, as a shell reports it)
+        print(f"minigrad-norm {args.command}: interrupted", file=sys.stderr)
+        return 130

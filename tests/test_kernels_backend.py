@@ -665,6 +665,51 @@ def test_compile_every_kernel_refuses_what_it_cannot_compile(options, message):
         numba_cpu.compile_every_kernel(**options)
 
 
+def test_a_kernel_that_fails_to_compile_is_named_with_its_process_error(monkeypatch, tmp_path):
+    """``compile_every_kernel`` keeps each compiling process's error output for the error it raises: the
+    kernel's name and the process's own traceback (here a kernel that no process knows)."""
+    from minigrad_norm.kernels import numba_cpu
+
+    monkeypatch.setattr(numba_cpu, "cache_path", lambda: str(tmp_path))
+    monkeypatch.setattr(numba_cpu, "_KERNELS", {"no such kernel": None})
+    with pytest.raises(
+        RuntimeError, match=r"the process compiling 'no such kernel' failed:\n(.|\n)*KeyError: 'no such'"
+    ):
+        numba_cpu.compile_every_kernel(["float32"], processes=2)
+
+
+def test_ctrl_c_stops_the_compile_of_every_kernel_at_once(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) during ``minigrad-norm compile``: the processes compiling
+    stop, no other is started for the kernels still waiting, and the command says it was interrupted, exit status
+    130, without a traceback of its own or of the compiling processes. (Before, it printed three tracebacks and then
+    compiled the other seven kernels, a minute or more, before it ended.)"""
+    import signal
+
+    command = subprocess.Popen(
+        [sys.executable, "-m", "minigrad_norm", "compile"],
+        env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # (its own process group, as a terminal's job is)
+    )
+    err = ""
+    while "compile:" not in err:  # the progress bar: the compiling processes are being started
+        char = command.stderr.read(1)
+        assert char, f"ended before compiling: {err}"
+        err += char
+    os.killpg(command.pid, signal.SIGINT)
+    try:
+        out, rest = command.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(command.pid, signal.SIGKILL)
+        raise
+    err += rest
+    assert command.returncode == 130, err
+    assert "minigrad-norm compile: interrupted" in err and "Traceback" not in err, err
+    assert "compiled every kernel" not in out
+
+
 def test_where_numba_cannot_cache_compile_every_kernel_compiles_in_this_process(monkeypatch):
     """A kernel compiled in another process is lost where numba has no cache directory to keep it in: there every
     kernel is compiled in the calling process, whatever ``processes`` says."""

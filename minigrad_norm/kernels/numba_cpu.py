@@ -2856,7 +2856,8 @@ def compile_every_kernel(
     fresh Python processes at once (by default one per CPU this process may use; 1: in this process), one
     kernel to a process. Each kernel's two compiles are functions of their own, and nothing but the kernels
     is cached: no two processes write the same cache file (and were two to add signatures of one kernel at
-    once, ``_cache_locked`` would keep numba's index whole).
+    once, ``_cache_locked`` would keep numba's index whole). A process that fails raises a RuntimeError with
+    its error output; then, as on Ctrl-C, no other process is started for the kernels still waiting.
     On the 2-core AMD Zen 4 VM, both dtypes took 46 s in two processes against 83 s in one (the code before
     this, which cached the functions the kernels call too and compiled in one process, 83-85 s;
     ``benchmarks/compile_time.py``, medians of 2 rounds). Handed out longest compile first (one process each:
@@ -2887,12 +2888,22 @@ def compile_every_kernel(
             "from minigrad_norm.kernels.numba_cpu import _compile_kernel\n"
             f"_compile_kernel({name!r}, {dtypes!r})\n"
         )
-        subprocess.run([sys.executable, "-c", code], check=True)
+        # (its error output kept for the error it raises: on Ctrl-C, which reaches every process of the terminal's
+        # group, the children would each print a traceback of their own beside this process's)
+        child = subprocess.run([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+        if child.returncode != 0:
+            raise RuntimeError(f"compile_every_kernel: the process compiling {name!r} failed:\n{child.stderr}")
 
     with ThreadPoolExecutor(processes) as pool:
-        done = as_completed([pool.submit(in_a_process, name) for name in _KERNELS])
-        for compiled in tqdm(done, desc="compile", unit="kernel", total=len(_KERNELS), disable=not progress):
-            compiled.result()
+        futures = [pool.submit(in_a_process, name) for name in _KERNELS]
+        try:
+            done = as_completed(futures)
+            for compiled in tqdm(done, desc="compile", unit="kernel", total=len(_KERNELS), disable=not progress):
+                compiled.result()
+        except BaseException:  # (Ctrl-C, or a failed compile: no more processes started, only the running awaited)
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def _compile_kernel(name: str, dtypes: Sequence[str]) -> None:
