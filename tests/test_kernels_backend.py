@@ -680,9 +680,10 @@ def test_a_kernel_that_fails_to_compile_is_named_with_its_process_error(monkeypa
 
 def test_ctrl_c_stops_the_compile_of_every_kernel_at_once(tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group) during ``minigrad-norm compile``: the processes compiling
-    stop, no other is started for the kernels still waiting, and the command says it was interrupted, exit status
-    130, without a traceback of its own or of the compiling processes. (Before, it printed three tracebacks and then
-    compiled the other seven kernels, a minute or more, before it ended.)"""
+    stop (those it has started by then, and those it was starting), no other is started for the kernels still
+    waiting, and the command says it was interrupted, exit status 130, without a traceback of its own or of the
+    compiling processes. (Before, it printed three tracebacks and then compiled the other seven kernels, a minute or
+    more, before it ended.)"""
     import signal
 
     command = subprocess.Popen(

@@ -2857,7 +2857,7 @@ def compile_every_kernel(
     kernel to a process. Each kernel's two compiles are functions of their own, and nothing but the kernels
     is cached: no two processes write the same cache file (and were two to add signatures of one kernel at
     once, ``_cache_locked`` would keep numba's index whole). A process that fails raises a RuntimeError with
-    its error output; then, as on Ctrl-C, no other process is started for the kernels still waiting.
+    its error output; then, as on Ctrl-C, the other processes are stopped and no more are started.
     On the 2-core AMD Zen 4 VM, both dtypes took 46 s in two processes against 83 s in one (the code before
     this, which cached the functions the kernels call too and compiled in one process, 83-85 s;
     ``benchmarks/compile_time.py``, medians of 2 rounds). Handed out longest compile first (one process each:
@@ -2881,6 +2881,9 @@ def compile_every_kernel(
         return
     # the package this one was imported from, first on the child's path
     root = str(Path(__file__).resolve().parents[2])
+    children: list[subprocess.Popen] = []
+    lock = threading.Lock()  # (no child started once the others are stopped)
+    stopped = False
 
     def in_a_process(name: str) -> None:
         code = (
@@ -2888,11 +2891,16 @@ def compile_every_kernel(
             "from minigrad_norm.kernels.numba_cpu import _compile_kernel\n"
             f"_compile_kernel({name!r}, {dtypes!r})\n"
         )
-        # (its error output kept for the error it raises: on Ctrl-C, which reaches every process of the terminal's
-        # group, the children would each print a traceback of their own beside this process's)
-        child = subprocess.run([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
-        if child.returncode != 0:
-            raise RuntimeError(f"compile_every_kernel: the process compiling {name!r} failed:\n{child.stderr}")
+        with lock:
+            if stopped:
+                return
+            # (its error output kept for the error this raises: on Ctrl-C, which reaches every process of the
+            # terminal's group, the children would each print a traceback of their own beside this process's)
+            child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+            children.append(child)
+        _, err = child.communicate()
+        if child.returncode != 0 and not stopped:
+            raise RuntimeError(f"compile_every_kernel: the process compiling {name!r} failed:\n{err}")
 
     with ThreadPoolExecutor(processes) as pool:
         futures = [pool.submit(in_a_process, name) for name in _KERNELS]
@@ -2900,7 +2908,11 @@ def compile_every_kernel(
             done = as_completed(futures)
             for compiled in tqdm(done, desc="compile", unit="kernel", total=len(_KERNELS), disable=not progress):
                 compiled.result()
-        except BaseException:  # (Ctrl-C, or a failed compile: no more processes started, only the running awaited)
+        except BaseException:  # (Ctrl-C, or a failed compile: the other processes stopped, and no more started)
+            with lock:
+                stopped = True
+                for child in children:
+                    child.terminate()
             for future in futures:
                 future.cancel()
             raise
