@@ -2631,7 +2631,7 @@ def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool, affine
     if reduce_batch:
         return 1
     if _rows(S, has_mask, reduce_batch):
-        return max(1, min(N, _TARGET_ITEMS, N // _MIN_ROWS_PER_CHUNK if affine else N))
+        return max(1, min(_TARGET_ITEMS, N // _MIN_ROWS_PER_CHUNK if affine else N))
     return max(1, min(N * G, _TARGET_ITEMS, N * S // _MIN_TERMS_PER_CHUNK))
 
 
