@@ -2,8 +2,9 @@
 
 Tolerances. The numba kernels use the reference's operation order and accumulate
 every sum in float64 too (but a row's dweight and dbias for float32 data, below), so the
-statistics, dweight and dbias differ only in the order of their float64 sums, and so do y
-and dx for float64 data. Relative to the largest magnitude in the reference output (``scale``):
+statistics, dweight and dbias differ only in the order of their float64 sums (and, for long rows
+and blocks, in the merge of their pieces' moments), and so do y and dx for float64 data.
+Relative to the largest magnitude in the reference output (``scale``):
 
 * float64: |numba - reference| <= 1e-10 * scale;
 * float32 statistics, dweight, dbias: <= 4 ULP(1) * scale = 4.8e-7 * scale (the float64
@@ -683,6 +684,71 @@ def test_few_layer_norm_rows_go_in_column_pieces(monkeypatch, dtype, pieces, N, 
     )
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("pieces, N, G", [(130.5, 1, 1), (64.1, 3, 1), (64.5, 1, 3), (64.0, 5, 1)])
+@pytest.mark.parametrize("option", ["plain", "not centered", "bias only", "streamed", "non-finite", "serial"])
+def test_long_rows_forward_in_pieces_gives_the_bits_of_whole_rows(monkeypatch, dtype, pieces, N, G, option):
+    """The rows' forward by pieces (``_forward_by_pieces``: rows of ROW_PIECES_MIN_BYTES (64 pieces of
+    ROW_PIECE_BYTES) or more, too few to keep the threads busy) takes each piece's sum and M2, merges them per row
+    and normalizes the pieces on any thread; whole rows that long take their statistics from the same pieces,
+    merged in the same order. Rows of 130.5 pieces (two or three runs of pieces to a work item), of 64.1 and 64.5
+    (a ragged last piece; three groups of their own weights: GroupNorm's rows in (n, g) order), of exactly 64: the
+    reference's values within the bounds, NaN/inf where it has them, and the same bits by pieces as by whole rows,
+    on the parallel compile (and the serial: "serial"), centered or not (RMSNorm), with a bias and no weight, and
+    streamed into ``out``."""
+    called = record_kernel_calls(monkeypatch)
+    if option != "serial":
+        monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0)
+    if option == "streamed":
+        monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0)
+    rng = np.random.default_rng(N * G)
+    L = int(pieces * numba_cpu.ROW_PIECE_BYTES // np.dtype(dtype).itemsize)
+    x = (rng.standard_normal((N, G, L, 1)) * 2 + 3).astype(dtype)
+    if option == "non-finite":
+        x = _with_non_finite(x, rng)
+    w = rng.standard_normal((G, L)).astype(dtype)
+    w, b = (None, w) if option == "bias only" else (w, w[:, ::-1] * 0.5)
+    centered = option != "not centered"
+    results = []
+    for by_pieces in (True, False):
+        monkeypatch.setattr(numba_cpu, "_forward_by_pieces", lambda *_, route=by_pieces: route)
+        if by_pieces:
+            case = dict(
+                x=x, dy=np.ones_like(x), weight=w, bias=b, reduce_batch=False, mask=None, centered=centered,
+                eval_stats=False, need_affine_grads=False,
+            )  # fmt: skip
+            fwd_numba, fwd_reference, _, bounds = run_both(case)[0]
+            for name, got, want, bound in zip(("y", "mean", "var"), fwd_numba, fwd_reference, bounds):
+                assert_close(got, want, dtype, f"forward {name}", bound)
+        out = aligned_empty(x.shape, dtype) if option == "streamed" else None
+        results.append(numba_cpu.norm_forward(x, w, b, EPS, centered=centered, out=out))
+    assert [name for name in called if "forward" in name] == ["rows forward"] * 3
+    for whole, by_pieces in zip(*results):
+        np.testing.assert_array_equal(whole, by_pieces)
+
+
+def test_rows_go_in_pieces_where_whole_rows_would_leave_a_thread_idle(monkeypatch):
+    """``_forward_by_pieces``: on 2 threads, 1 and 3 long rows go in pieces (whole rows would keep the second thread
+    idle half and a third of the time), 2, 4 and 5 whole (idle a fifth of the time: not above 1.2); never on one
+    thread, on the serial compile (x under PARALLEL_MIN_ELEMENTS) or for rows under ROW_PIECES_MIN_BYTES."""
+    previous = numba.get_num_threads()
+    row = numba_cpu.ROW_PIECES_MIN_BYTES // 4  # float32 values: the shortest row in pieces
+    big = numba_cpu.PARALLEL_MIN_ELEMENTS
+    try:
+        if numba.config.NUMBA_NUM_THREADS >= 2:
+            numba.set_num_threads(2)
+            routes = [numba_cpu._forward_by_pieces(rows, row, 4, big) for rows in range(1, 6)]
+            assert routes == [True, False, True, False, False]
+            assert not numba_cpu._forward_by_pieces(1, row, 4, big - 1)
+            assert not numba_cpu._forward_by_pieces(1, row - 1, 4, big)
+            assert numba_cpu._forward_by_pieces(1, row // 2, 8, big)
+        numba.set_num_threads(1)
+        assert not numba_cpu._forward_by_pieces(1, row, 4, big)
+    finally:
+        numba.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_many_layer_norm_rows_per_chunk(dtype):
     """3000 rows, 47 per dweight/dbias chunk (the last chunk ragged): the partial sums over many rows."""
@@ -961,6 +1027,7 @@ def test_kernels_free_every_allocation_they_make(monkeypatch, view, reduce_batch
         ((1001, 1, 100, 1), False),
         ((1001, 7, 1, 1), True),
         ((9, 1, 70001, 1), False),
+        ((3, 1, 262147, 1), False),
     ],
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -971,7 +1038,8 @@ def test_bit_identical_across_thread_counts(monkeypatch, shape, reduce_batch, dt
     of short runs taken as rows (``_as_rows``), the backward's items all three groups of 64 chunks, or two
     groups of 2 chunks; the last two end in uneven chunks (LayerNorm's rows: 30 chunks of 33 rows and one of 11; the
     columns': 58 chunks of 17 rows, one of 15 and three empty); the one after them, 9 long rows, goes in 18 or 35
-    column pieces (float32, float64), the last ragged (``_backward_few_rows_kernel``). In float64 too, whose
+    column pieces (float32, float64), the last ragged (``_backward_few_rows_kernel``); 3 rows of 1 MiB or more, whose
+    forward goes in pieces on 2 threads and in whole rows on one (``_forward_by_pieces``). In float64 too, whose
     dweight/dbias keep every bit of the float64 partial sums (rounded to float32, other partial sums mostly give
     the same bits); with a mask, with given (eval) statistics and the fixed-statistics backward, and with a bias but
     no weight (no affine gradients)."""

@@ -223,8 +223,10 @@ STREAM_CHUNK_BYTES = 4096
 TERM_BLOCK_ROWS = 8
 # The forward takes rows of at most this many bytes in batches of this many: see _forward_rows.
 SHORT_ROW_BYTES = 64
-# columns of a piece of the few rows' backward (``_backward_few_rows_kernel``)
+# columns of a piece of the few rows' backward (``_backward_few_rows_kernel``); the forward takes rows of at least
+# ROW_PIECES_MIN_BYTES in such pieces (``_forward_rows_kernel``)
 ROW_PIECE_BYTES = 16 * 1024
+ROW_PIECES_MIN_BYTES = 2**20
 SHORT_ROWS_BATCH_BYTES = 4096
 # dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks
 # (and at most this many work items in the forward).
@@ -1081,8 +1083,10 @@ _item = numba.njit(error_model="numpy")
 
 
 @_item
-def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last, scratch, stream):
-    """Forward of the rows q = first..last-1 of x3 in (n, g) order, each with its own statistics."""
+def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, first, last, scratch, stream):
+    """Forward of the rows q = first..last-1 of x3 in (n, g) order, each with its own statistics; ``by_pieces``,
+    y of the pieces first..last-1 of the rows (``_row_pieces``: piece i of row i // pieces), their statistics
+    given in mean2 and var2 (``_forward_rows_kernel``)."""
     N, G, L = x3.shape
     # row q is (n, g) = divmod(q, G), indexed here as a row of the contiguous arrays: indexing by (n, g)
     # took an integer division per row, and the forward of 65536 float32 rows 1.08-1.10x the time on rows
@@ -1127,25 +1131,76 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last
                 _normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
                 g = g + 1 if g + 1 < G else 0
         return
-    for q in range(first, last):
-        xb = x[q]
-        if ahead and q + ahead < last:
-            _prefetch_lines(x[q + ahead], 1)
-        mu = _sum(xb) / L if centered else 0.0
-        v = _sum_sq_dev(xb, mu) / L
-        mean[q] = mu
-        var[q] = v
-        r = 1.0 / math.sqrt(v + eps)
-        if stream:
-            yq, wq, bq = y[q], w2[g], b2[g]
-            c = scratch.shape[0]
-            for j0 in range(0, L, c):
-                j1 = min(L, j0 + c)
-                _normalize_row(xb[j0:j1], scratch[: j1 - j0], wq[j0:j1], bq[j0:j1], has_b, mu, r)
-                _stream_copy(scratch[: j1 - j0], yq[j0:j1])
+    pieces, piece = _row_pieces(L, x.itemsize)
+    moments = np.empty((0 if by_pieces else pieces, 2))
+    # (one call of _normalize_row_to for both: each inlined copy of its loops costs compile time)
+    for i in range(first, last):
+        if by_pieces:
+            q, j0 = i // pieces, (i % pieces) * piece
+            g, j1 = q % G, min(L, j0 + piece)
+            xb, yb, wb, bb = x[q, j0:j1], y[q, j0:j1], w2[g, j0:j1], b2[g, j0:j1]
+            mu, v = mean[q], var[q]
         else:
-            _normalize_row(xb, y[q], w2[g], b2[g], has_b, mu, r)
-        g = g + 1 if g + 1 < G else 0
+            xb, yb, wb, bb = x[i], y[i], w2[g], b2[g]
+            if ahead and i + ahead < last:
+                _prefetch_lines(x[i + ahead], 1)
+            if pieces == 1:  # (_piece_moments' arithmetic, without its slice: rows of 32 float32 values took 1.15x)
+                mu = _sum(xb) / L if centered else 0.0
+                v = _sum_sq_dev(xb, mu) / L
+            else:
+                for p in range(pieces):
+                    moments[p, 0], moments[p, 1] = _piece_moments(xb, p, centered)
+                t, m2 = _merged_pieces(moments, L, piece)
+                mu, v = t / L, m2 / L
+            mean[i] = mu
+            var[i] = v
+            g = g + 1 if g + 1 < G else 0
+        _normalize_row_to(xb, yb, wb, bb, has_b, mu, 1.0 / math.sqrt(v + eps), scratch, stream)
+
+
+@numba.njit(inline="always")
+def _row_pieces(L, itemsize):
+    """(pieces, values in a piece) of a row of L values: pieces of ROW_PIECE_BYTES, the last maybe shorter, for rows
+    of ROW_PIECES_MIN_BYTES or more; else one piece, the whole row."""
+    if L * itemsize < ROW_PIECES_MIN_BYTES:
+        return 1, L
+    piece = ROW_PIECE_BYTES // itemsize
+    return (L + piece - 1) // piece, piece
+
+
+@numba.njit(error_model="numpy", inline="always")
+def _piece_moments(xb, p, centered):
+    """(sum, M2) of piece p of row xb (``_row_pieces``): its sum, then the sum of its squared deviations from its own
+    mean (0 if not centered), re-read from L1: two passes, never E[x^2] - E[x]^2."""
+    piece = _row_pieces(xb.shape[0], xb.itemsize)[1]
+    xp = xb[p * piece : (p + 1) * piece]
+    t = _sum(xp) if centered else 0.0
+    return t, _sum_sq_dev(xp, t / xp.shape[0])
+
+
+@numba.njit(error_model="numpy", inline="always")
+def _merged_pieces(moments, L, piece):
+    """(sum, M2) of a row of L values from its pieces' in moments (pieces, 2), merged in piece order
+    (``_merged_moments``; one piece's own, as they are)."""
+    total = m2 = 0.0
+    for p in range(moments.shape[0]):
+        n_b = min(L, (p + 1) * piece) - p * piece
+        total, m2 = _merged_moments(total, m2, float(p * piece), moments[p, 0], moments[p, 1], float(n_b))
+    return total, m2
+
+
+@numba.njit(error_model="numpy", inline="always")
+def _normalize_row_to(xb, yb, w, b, has_b, mu, r, scratch, stream):
+    """``_normalize_row`` into yb, streamed (computed into the scratch row a piece at a time, and streamed out) or
+    not."""
+    if stream:
+        c = scratch.shape[0]
+        for j0 in range(0, xb.shape[0], c):
+            j1 = min(xb.shape[0], j0 + c)
+            _normalize_row(xb[j0:j1], scratch[: j1 - j0], w[j0:j1], b[j0:j1], has_b, mu, r)
+            _stream_copy(scratch[: j1 - j0], yb[j0:j1])
+    else:
+        _normalize_row(xb, yb, w, b, has_b, mu, r)
 
 
 @numba.njit(inline="always")
@@ -1966,14 +2021,44 @@ def _chunk(c, N, n_chunks):
     return c * per_chunk, min(N, (c + 1) * per_chunk)
 
 
-def _forward_rows_kernel(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, stream):
+def _forward_rows_kernel(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, stream):
+    """The rows' forward: work items of whole rows (``_forward_rows``), or, ``by_pieces``, of pieces of rows
+    (``_row_pieces``): each piece's sum and M2 (``_piece_moments``), merged per row in piece order
+    (``_merged_pieces``), then runs of consecutive pieces normalized (``_forward_rows``, by_pieces). A whole row
+    takes its statistics from the same pieces in the same order: the same bits either way.
+
+    Why: a row of ROW_PIECES_MIN_BYTES (1 MiB) or more had its two passes for the statistics and its normalize
+    pass each read it from memory, and a row went on one thread, so that one long row ran on one thread only.
+    Pieces re-read their second pass from L1: x comes from memory twice. ``benchmarks/compare_kernels.py HEAD
+    --cold --floor`` (2 threads, the Intel Emerald Rapids VM, L2 2 MiB a core), the forward of float32 rows: 1 of
+    2^23 values (by pieces) 0.49 of the time, 3 of 2^20 (by pieces) 0.76, 2 of 2^22 0.86, 4 of 2^21 0.87, 16 of
+    2^19 0.92, 5 of 2^18 (rows of 1 MiB) 1.01, 64 of 2^17 (512 KiB, whole as before) 1.01; float64 0.48, 0.84,
+    0.88, 0.85, 0.92; hot, float32 0.50, 0.92, 0.97, 0.94, 0.98, 1.02, 1.00; shorter rows 0.96-1.03 (twin
+    0.97-1.03). Pieces for rows of 64 KiB-1 MiB took 1.03-1.07 of the time hot (in L2 the third pass cost
+    little): the threshold. The price, in compile time: this kernel's two compiles for float32 9.6 s against 12.9
+    (one process each), a first float32 LayerNorm forward+backward on an empty cache 27.8 s against 23.0
+    (``benchmarks/compile_time.py HEAD --what layer_norm --rounds 3``); the pieces' normalization in the rows'
+    item and work items, rather than an item and a prange loop of its own, saved 4.6 s of the first 8."""
     N, G, L = x3.shape
-    items, per_item = _work_items(N * G, False)
+    units = N * G
+    if by_pieces:
+        x = x3.reshape((N * G, L))
+        pieces, piece = _row_pieces(L, x.itemsize)
+        moments = np.empty((N * G, pieces, 2))
+        for i in prange(N * G * pieces):
+            q, p = i // pieces, i % pieces
+            moments[q, p, 0], moments[q, p, 1] = _piece_moments(x[q], p, centered)
+        mean, var = mean2.reshape(N * G), var2.reshape(N * G)
+        for q in range(N * G):
+            t, m2 = _merged_pieces(moments[q], L, piece)
+            mean[q], var[q] = t / L, m2 / L
+        units = N * G * pieces
+    items, per_item = _work_items(units, False)
     for i in prange(items):
         first = i * per_item
-        last = min(N * G, first + per_item)
+        last = min(units, first + per_item)
         scratch = np.empty(_scratch_len(L, 1, True, y3.itemsize) if stream else 0, dtype=y3.dtype)
-        _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, first, last, scratch, stream)
+        _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, first, last, scratch, stream)
         if stream:
             _store_fence()
 
@@ -2595,6 +2680,19 @@ def _rows(S: int, has_mask: bool, reduce_batch: bool) -> bool:
     return S == 1 and not has_mask and not reduce_batch
 
 
+def _forward_by_pieces(rows: int, L: int, itemsize: int, size: int) -> bool:
+    """Whether the rows' forward shares out pieces of rows rather than whole rows (``_forward_rows_kernel``): rows of
+    ROW_PIECES_MIN_BYTES or more, on the parallel compile (``_kernel``), where whole rows would leave a thread idle
+    a fifth of the time or more (the slowest thread's rows, over the mean, above 1.2): one row, or three on two
+    threads, but not two, four or five. Either way the same bits: the route may depend on the thread count.
+    (Pieces for 2, 5 and 6 rows on 2 threads took 0.86-1.10, 0.98-1.04 and 1.06-1.07 of the time of whole rows
+    whose statistics were not yet taken by pieces; 3 rows 0.80-0.96, 7 rows 0.96-1.01: compare_kernels.py.)"""
+    if size < PARALLEL_MIN_ELEMENTS or L * itemsize < ROW_PIECES_MIN_BYTES:
+        return False
+    threads = numba.get_num_threads()
+    return -(-rows // threads) * threads > 1.2 * rows
+
+
 def _moments_piece(L: int, itemsize: int) -> int:
     """How many values of each of a pair of blocks of L values the forward takes its statistics on at a time
     (``_pair_moments``): MOMENTS_PIECE for blocks of more than MOMENTS_MIN_BLOCK_BYTES, else the whole block."""
@@ -2679,7 +2777,10 @@ def norm_forward(
     x3, y3 = xc.reshape(N, G, K * S), y.reshape(N, G, K * S)
     stream = _streams(y, out, K * S, short_aligned_blocks=False)
     if _rows(S, mask is not None, reduce_batch) and stats is None:
-        _kernel("rows forward", x.size)(x3, w2, b2, bias is not None, float(eps), centered, mean2, var2, y3, stream)
+        by_pieces = _forward_by_pieces(N * G, K * S, x.itemsize, x.size)
+        _kernel("rows forward", x.size)(
+            x3, w2, b2, bias is not None, float(eps), centered, mean2, var2, y3, by_pieces, stream
+        )  # fmt: skip
     else:
         # Eval-mode BatchNorm with a streamed output: with its statistics given, each (n, c) block is normalized on
         # its own, so the blocks go in memory order, as InstanceNorm's, each with its channel's statistics, rather
