@@ -2035,10 +2035,10 @@ def _forward_rows_kernel(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_p
     2^19 0.92, 5 of 2^18 (rows of 1 MiB) 1.01, 64 of 2^17 (512 KiB, whole as before) 1.01; float64 0.48, 0.84,
     0.88, 0.85, 0.92; hot, float32 0.50, 0.92, 0.97, 0.94, 0.98, 1.02, 1.00; shorter rows 0.96-1.03 (twin
     0.97-1.03). Pieces for rows of 64 KiB-1 MiB took 1.03-1.07 of the time hot (in L2 the third pass cost
-    little): the threshold. The price, in compile time: this kernel's two compiles for float32 9.6 s against 12.9
-    (one process each), a first float32 LayerNorm forward+backward on an empty cache 27.8 s against 23.0
-    (``benchmarks/compile_time.py HEAD --what layer_norm --rounds 3``); the pieces' normalization in the rows'
-    item and work items, rather than an item and a prange loop of its own, saved 4.6 s of the first 8."""
+    little): the threshold. The price, in compile time: this kernel's two compiles for float32 12.9 s against 9.6
+    (one process), a first float32 LayerNorm forward+backward on an empty cache 27.8 s against 23.0
+    (``benchmarks/compile_time.py HEAD --what layer_norm --rounds 3``). The pieces normalized by an item and in a
+    prange loop of their own, rather than by the rows' item in its work items, had taken 17.5 s and 30.3 s."""
     N, G, L = x3.shape
     units = N * G
     if by_pieces:
