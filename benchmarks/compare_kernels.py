@@ -72,6 +72,7 @@ def load_source(source: str, path: Path):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (numba pickles references to its classes into the cache)
     spec.loader.exec_module(module)
     return module
 

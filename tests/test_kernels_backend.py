@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import numba
 import numpy as np
 import pytest
 
@@ -220,19 +221,73 @@ def test_with_numbas_jit_off_the_numpy_backend_runs_and_says_so_once():
 
 
 def test_second_process_loads_from_the_cache(tmp_path):
-    """cache=True: a second process with the same cache directory compiles nothing."""
+    """cache=True: a second process with the same cache directory compiles nothing, neither the kernel nor the item
+    function it calls by symbol (``_call_item``), which numba loads before the kernel (``_ItemSymbol``)."""
     code = """
         import numpy as np
         from minigrad_norm.kernels import numba_cpu
         x = np.ones((3, 1, 4, 1))
         numba_cpu.norm_forward(x, None, None, 1e-5)
-        serial = numba_cpu._KERNELS["rows forward"][0]
-        print(len(serial.stats.cache_hits), len(serial.stats.cache_misses))
+        for compiled in (numba_cpu._KERNELS["rows forward"][0], numba_cpu._forward_rows):
+            print(len(compiled.stats.cache_hits), len(compiled.stats.cache_misses))
     """
     first = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
     second = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
-    assert first == ["0", "1"]
-    assert second == ["1", "0"]
+    assert first == ["0", "1", "0", "1"]
+    assert second == ["1", "0", "1", "0"]
+
+
+def test_both_compiles_of_a_kernel_call_its_item_by_symbol_and_hold_none_of_its_code(tmp_path):
+    """numba builds a jitted callee's code into its caller, where LLVM compiles it again: an item's code went through
+    LLVM six times, most of the kernels' cold compile. The kernels call the items through the symbol of the items'
+    own compile instead (``_call_item``): neither compile of a kernel may define the item's function. (On an empty
+    cache: numba shows no code of a kernel loaded from its cache.)"""
+    code = """
+        import re
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu
+        x = np.ones((4 * numba_cpu.PARALLEL_MIN_ELEMENTS // 1024, 1, 1024, 1), np.float32)
+        for rows in (x[:1], x):  # the serial compile, the parallel one
+            numba_cpu.norm_forward(rows, None, None, 1e-5)
+        (item,) = numba_cpu._forward_rows.overloads.values()
+        ((symbol, _),) = numba_cpu._item_symbols.values()
+        for kernel in numba_cpu._KERNELS["rows forward"]:
+            (code,) = kernel.inspect_llvm().values()
+            defines = re.search(rf"^define .*@{re.escape(item.fndesc.llvm_func_name)}\\(", code, re.M)
+            declares = re.search(rf'^declare .*@"?{re.escape(symbol)}"?\\(', code, re.M)
+            print(defines is not None, declares is not None)
+    """
+    out = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
+    assert out == ["False", "True", "False", "True"]
+
+
+def test_a_call_by_symbol_returns_the_items_value_raises_its_error_and_types_literals_as_literals(monkeypatch):
+    """``_call_item`` must behave as numba's own call of a jitted function: the item's return value, its exception
+    raised on in the caller, and a constant argument typed as a literal (``_backward_rows`` compiles a loop
+    without its loop over groups for the constant bounds 0 and 1)."""
+    from minigrad_norm.kernels import numba_cpu
+
+    def _probe(a, n, k):
+        if n < 0:
+            raise ValueError("n must not be negative")
+        a[:n] = k
+        return a[:n].sum() + k
+
+    monkeypatch.setattr(numba_cpu, "_probe", numba.njit(_probe), raising=False)
+    monkeypatch.setattr(numba_cpu, "_item_symbols", dict(numba_cpu._item_symbols))
+
+    @numba.njit
+    def caller(a, n):
+        return numba_cpu._call_item(numba_cpu._probe, a, n, 2)
+
+    a = np.zeros(5)
+    assert caller(a, 3) == 8.0
+    assert list(a) == [2.0, 2.0, 2.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="n must not be negative"):
+        caller(a, -1)
+    assert [str(t) for t in numba_cpu._probe.signatures[0]] == ["array(float64, 1d, C)", "int64", "Literal[int](2)"]
+    (symbol,) = [s for (name, _), (s, _) in numba_cpu._item_symbols.items() if name == "_probe"]
+    assert re.search(rf'@"?{re.escape(symbol)}"?\(', next(iter(caller.inspect_llvm().values())))
 
 
 def test_two_processes_compiling_one_kernel_for_two_dtypes_at_once_leave_both_in_the_cache(tmp_path):

@@ -117,13 +117,12 @@ Design points, each one tested in ``tests/test_kernels.py``:
   Smaller outputs keep ordinary stores: they can stay in the cache for the next layer to read
   (where the line between them lies, and why it depends on the L3, see ``_streams``).
 * Compiled on first call (importing this module compiles nothing) and cached on disk: the kernels
-  (``_KERNELS``), not the functions they call. numba builds a callee's code into its caller's, and a
-  kernel loads from the cache without its callees: a cache of its own saved a callee nothing (a
-  GroupNorm's first forward+backward in a process after a LayerNorm's, each in a fresh process, 8.8-9.3 s
-  either way), and with only the kernels cached, processes compiling different kernels at once write
-  no cache file in common (``compile_every_kernel``). A kernel's entries are written and read under a
-  lock across processes (``_cache_locked``): numba's index is not safe against two processes adding
-  signatures of one function at once.
+  (``_KERNELS``) and the work items' loops they call (``_item``), each item compiled once and called by
+  its symbol (``_call_item``), not built into every kernel that calls it, as numba builds a jitted
+  callee (that halved the cold compile of every kernel: see "one work item's loop" below). A kernel
+  loaded from the cache has numba load or compile its items first (``_ItemSymbol``). Entries are written
+  and read under a lock across processes (``_cache_locked``): numba's index is not safe against two
+  processes adding signatures of one function at once.
 * Non-contiguous inputs are made contiguous once; ``out=`` buffers are written in
   place when they are C-contiguous, of x's dtype and overlap no input other than being
   it (``out=x`` is fine: each block is read before it is written), else via one copy.
@@ -136,6 +135,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 import os
 import platform
@@ -148,6 +149,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import llvmlite.binding as llvm
 import numba
 import numpy as np
 from llvmlite import ir
@@ -167,7 +169,7 @@ from minigrad_norm.kernels.machine import cpu_identity, l3_bytes, usable_cpus
 
 # Two kinds of constant. numba freezes the value of a global that jitted code reads into the machine code when it
 # compiles, and into its cache on disk: changed at run time, such a constant changes nothing already compiled, and
-# a kernel compiled after the change links item functions compiled before it, with the old value (a scratch row
+# a kernel compiled after the change calls item functions compiled before it, with the old value (a scratch row
 # sized by one value, filled by a loop cut by the other, left an output value unwritten). Those are changed in
 # the source only. The others are read by the Python functions at each call: PARALLEL_MIN_ELEMENTS (which
 # compile), the STREAMING_STORE_* thresholds (whether to stream), ROWS_LARGE_X_BYTES (which backward limits of
@@ -1047,9 +1049,114 @@ def _dx_block_to(dyb, xb, dxb, scratch, stream, w, mrow, has_mask, mu, r, proj, 
 
 
 # ---------------------------------------------------------------------------
-# one work item's loop: a run of rows, or of general groups. Compiled once (not inlined) and called by
-# both compiles of a kernel: inlined into the parallel one's prange body, the same loops made the cold
-# compile of every kernel take 61-64 s instead of 34 (``minigrad-norm bench``'s start-up timing).
+# numba's cache on disk, shared by processes
+
+_uncached_warned = False
+
+
+def _warn_uncached(error: RuntimeError) -> None:
+    """Says once that numba cannot cache the kernels on disk. It caches in the first of ``NUMBA_CACHE_DIR`` (where
+    that is set), ``__pycache__`` beside the sources and the user's cache directory that it can write to; with none
+    (a read-only install, in a container whose user has no writable home) ``cache=True`` raises at the decoration,
+    and the kernels are compiled without it: each process compiles what it calls, once."""
+    global _uncached_warned
+    if not _uncached_warned:
+        _uncached_warned = True
+        warnings.warn(
+            f"minigrad_norm: numba cannot cache the kernels on disk ({error}); each process compiles the ones it "
+            "calls. Set NUMBA_CACHE_DIR to a writable directory to keep them.",
+            stacklevel=2,
+        )
+
+
+def _cache_locked(kernel: Callable) -> Callable:
+    """``kernel``, its entries in numba's cache on disk written under an exclusive lock and read under a shared one,
+    held across processes.
+
+    numba saves a compiled signature in steps (``IndexDataCacheFile.save``): it reads the function's cache index,
+    adds the entry with the first data file name the index does not use, writes the index back, then writes the data
+    file. Two processes that compile different signatures of one kernel at once (a float32 and a float64 call in two
+    scripts, two test workers, on a fresh cache) can both read the index before either writes it. Both then take data
+    file 1, the index keeps one of the two entries, and when it is one process's and the data file the other's,
+    every later process loads the one signature's machine code for the other's calls, which fail ("can't unbox
+    array") until the cache is deleted. And a process loading between the two writes can find the index's new entry
+    beside a data file of that name from an older version of this module.
+
+    The lock is a POSIX record lock (``fcntl.lockf``) on a file beside the index: held by the process, so a child
+    forked while another thread holds it does not hold it too. Without ``fcntl`` (Windows), or where the file system
+    refuses the lock, the cache is read and written unlocked, as numba's own is; so it is, with a warning, after
+    CACHE_LOCK_WAIT_SECONDS waiting for a process that holds the lock (``_take_cache_lock``)."""
+    cache_file = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
+    if fcntl is None or cache_file is None:  # (no cache: numba's JIT is off, or it found no place to cache)
+        return kernel
+    lock_path = cache_file._index_path + ".lock"
+
+    def locked(method: Callable, mode: int) -> Callable:
+        def call(*args: object, **kwargs: object) -> object:
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError:  # (no cache directory: a load finds nothing, and a save makes the directory first)
+                return method(*args, **kwargs)
+            try:
+                _take_cache_lock(fd, mode, lock_path)
+                return method(*args, **kwargs)
+            finally:
+                os.close(fd)  # (which releases the lock)
+
+        return call
+
+    cache_file.save = locked(cache_file.save, fcntl.LOCK_EX)
+    cache_file.load = locked(cache_file.load, fcntl.LOCK_SH)
+    return kernel
+
+
+def _take_cache_lock(fd: int, mode: int, path: str) -> None:
+    """``fcntl.lockf(fd, mode)``, but not forever: a save or load holds the lock for milliseconds, and a process
+    stopped while it holds it (in a debugger, by SIGSTOP) must not hang every other process that uses the cache.
+    After CACHE_LOCK_WAIT_SECONDS of asking, or where the file system refuses POSIX locks (ENOLCK: NFS without its
+    lock daemon), the caller goes on unlocked, as numba's own cache is."""
+    deadline = time.monotonic() + CACHE_LOCK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.lockf(fd, mode | fcntl.LOCK_NB)
+            return
+        except (BlockingIOError, PermissionError):  # (EAGAIN or EACCES: another process holds it)
+            if time.monotonic() >= deadline:
+                warnings.warn(
+                    f"minigrad_norm: another process has held {path} for {CACHE_LOCK_WAIT_SECONDS} s; reading or "
+                    "writing numba's cache of the kernels without it",
+                    stacklevel=4,
+                )
+                return
+            time.sleep(0.01)
+        except OSError:  # (ENOLCK and the like: no POSIX locks on this file system)
+            return
+
+
+def _jit_cached(py_func: Callable, **options: object) -> Callable:
+    """``py_func`` jitted with ``options``, cached on disk under the cache lock (``_cache_locked``), or, where numba
+    finds no place to cache, uncached (``_warn_uncached``)."""
+    try:
+        return _cache_locked(numba.njit(cache=True, error_model="numpy", **options)(py_func))
+    except RuntimeError as e:  # ("cannot cache function ...: no locator available")
+        _warn_uncached(e)
+        return numba.njit(error_model="numpy", **options)(py_func)
+
+
+# ---------------------------------------------------------------------------
+# one work item's loop: a run of rows, or of general groups. Compiled on its own (``_item``), cached, and called
+# by both compiles of a kernel through its symbol (``_call_item``). numba builds a jitted callee's code into its
+# caller's, where LLVM optimizes it and generates its machine code again: each item's code went through that six
+# times (its own compile, the serial kernel, the parallel kernel's prange body, the two wrappers numba builds
+# around that body, the parallel kernel). Of the 12.1 s of the GroupNorm forward's two float32 compiles, 8.1 were
+# LLVM's, 1.6 of them in the item's own compile; called by symbol, 7.3 s, 2.8 in LLVM. Every kernel's cold compile
+# in two processes took 58.5 s against 85.5, a first float32 LayerNorm forward+backward 15.5 s against 25.0
+# (``benchmarks/compile_time.py HEAD --rounds 2``, the Intel VM), and the kernels' times did not move
+# (``compare_kernels.py --floor``: 0.99-1.02, twin 0.97-1.02, LayerNorm, GroupNorm, BatchNorm, small and large).
+# The arguments go as to any jitted function, each array as its fields, borrowed: passed as one tuple instead,
+# which takes a reference on each array, they cost 80 ns a call (LayerNorm 64x128 forward, 64 items of a row,
+# 1.15x the time). (Inlined into the parallel kernel's prange body, the same loops had made the cold compile of
+# every kernel take 61-64 s instead of 34: items have always been calls.)
 #
 # The functions these loops call per block or per row are inlined by numba (``inline="always"``), each call
 # site a copy to type and optimize: without that on any helper the cold compile of every kernel took 62 s
@@ -1079,7 +1186,65 @@ def _dx_block_to(dyb, xb, dxb, scratch, stream, w, mrow, has_mask, mu, r, proj, 
 # other's incref. (Arrays from Python are safe there: each kernel argument gets a header of its own, even two that
 # are one array.) A rule every later call site must keep, and no test can check, for a tenth of short rows' time.)
 
-_item = numba.njit(error_model="numpy")
+
+def _item(py_func: Callable) -> Callable:
+    """A work item's loop, compiled (and cached) on its own and called by symbol (``_call_item``)."""
+    return _jit_cached(py_func)
+
+
+_item_symbols: dict[tuple[str, tuple], tuple[str, nbtypes.Type]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class _ItemSymbol:
+    """Item function ``item`` of this module compiled for ``argtypes``, its machine code's address given to LLVM's
+    symbol table under a name of its own (this module's, the item's, and a digest of this file's path and of the
+    types: the same in every process, and another in a copy of this module loaded from another file). Called
+    when a kernel's compile types a call to it, and again by numba before it loads a kernel that calls it from the
+    cache (the kernel's library keeps it among its ``_reload_init``): the kernel's machine code names the symbol and
+    does not hold it. Returns the symbol and the item's return type. (Both callers hold numba's compiler lock.)"""
+
+    item: str
+    argtypes: tuple
+
+    def __call__(self) -> tuple[str, nbtypes.Type]:
+        key = (self.item, self.argtypes)
+        if key not in _item_symbols:
+            dispatcher = globals()[self.item]
+            dispatcher.compile(self.argtypes)  # (from numba's cache where it is there)
+            compiled = dispatcher.overloads[self.argtypes]
+            digest = hashlib.sha256(f"{__file__} {self.argtypes!r}".encode()).hexdigest()[:16]
+            symbol = f"{__name__}.{self.item}.{digest}"
+            address = compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+            if not address:  # (a call to address 0 would crash the process)
+                raise RuntimeError(f"minigrad_norm: numba gave no address for {self.item}{self.argtypes}")
+            llvm.add_symbol(symbol, address)
+            _item_symbols[key] = symbol, compiled.signature.return_type
+        return _item_symbols[key]
+
+
+@intrinsic(prefer_literal=True)
+def _call_item(typingctx, item, *args):
+    """``item(*args)`` for an item function (``_item``), through its own compile's symbol (``_ItemSymbol``) rather
+    than with its code built into the caller's (numba's way with a call to a jitted function). Otherwise as numba's
+    call: the same calling convention, an error raised in the item raised on in the caller, and literal arguments
+    typed as literals (``_backward_rows``'s constant group bounds compile a specialization of their own)."""
+    argtypes = tuple(args)
+    symbol = _ItemSymbol(item.dispatcher.py_func.__name__, argtypes)
+    name, restype = symbol()
+
+    def codegen(context, builder, signature, llargs):
+        context.active_code_library._reload_init.add(symbol)
+        function = cgutils.get_or_insert_function(
+            builder.module, context.call_conv.get_function_type(restype, argtypes), name
+        )
+        values = cgutils.unpack_tuple(builder, llargs[1], len(argtypes))
+        status, result = context.call_conv.call_function(builder, function, restype, argtypes, values)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return result
+
+    return restype(item, nbtypes.StarArgTuple.from_types(args)), codegen
 
 
 @_item
@@ -1927,25 +2092,25 @@ def _columns_forward_kernel(
         part = np.empty((n_chunks, 2, P))
         counts = np.empty(n_chunks, np.int64)
         for i in prange(n_chunks):
-            counts[i] = _column_moments(x2, valid, has_mask, i * per, min(N, (i + 1) * per), part[i])
-        n = _fold_moments(part, counts, S, var1)
-        _fold_chunks(part[:, 0], S, n * S, mean1)
+            counts[i] = _call_item(_column_moments, x2, valid, has_mask, i * per, min(N, (i + 1) * per), part[i])
+        n = _call_item(_fold_moments, part, counts, S, var1)
+        _call_item(_fold_chunks, part[:, 0], S, n * S, mean1)
     elif not stats_given:
         part = np.empty((n_chunks, P))
         for c in range(G):
             mean1[c] = 0.0
         for i in prange(n_chunks):
-            _column_squares(x2, valid, has_mask, i * per, min(N, (i + 1) * per), part[i])
-        _fold_chunks(part, S, _valid_rows(valid, has_mask, N) * S, var1)
+            _call_item(_column_squares, x2, valid, has_mask, i * per, min(N, (i + 1) * per), part[i])
+        _call_item(_fold_chunks, part, S, _call_item(_valid_rows, valid, has_mask, N) * S, var1)
     rstd1 = np.empty(G)
     for c in range(G):
         rstd1[c] = 1.0 / math.sqrt(var1[c] + eps)
-    mh, ml, r = _xhat_factors(x2, mean1, rstd1, S)
-    w, b = _per_position(w1, S), _per_position(b1, S)
+    mh, ml, r = _call_item(_xhat_factors, x2, mean1, rstd1, S)
+    w, b = _call_item(_per_position, w1, S), _call_item(_per_position, b1, S)
     for i in prange(n_chunks):
         scratch = np.empty(min(P, STREAM_CHUNK_BYTES // y2.itemsize) if stream else 0, dtype=y2.dtype)
         n_first, n_last = i * per, min(N, (i + 1) * per)
-        _column_normalize(x2, y2, valid, has_mask, mh, ml, r, w, b, has_b, n_first, n_last, scratch, stream)
+        _call_item(_column_normalize, x2, y2, valid, has_mask, mh, ml, r, w, b, has_b, n_first, n_last, scratch, stream)
         if stream:
             _store_fence()
 
@@ -1965,24 +2130,28 @@ def _columns_backward_kernel(
         proj[c] = 0.0
         mdx[c] = 0.0
     if sums.shape[1] > 0:
-        mu, r64 = _per_position(mean_used, S), _per_position(rstd1, S)
+        mu, r64 = _call_item(_per_position, mean_used, S), _call_item(_per_position, rstd1, S)
         part = np.empty((n_chunks, 2, P))
         for i in prange(n_chunks):
-            _column_dy_sums(dy2, x2, valid, has_mask, mu, r64, i * per, min(N, (i + 1) * per), part[i])
+            _call_item(_column_dy_sums, dy2, x2, valid, has_mask, mu, r64, i * per, min(N, (i + 1) * per), part[i])
         for k in range(2):
-            _fold_chunks(part[:, k], S, 1.0, sums[k])
-        _column_dxhat_sums(dy2, x2, valid, has_mask, mean_used, rstd1, w1, S, sums)
+            _call_item(_fold_chunks, part[:, k], S, 1.0, sums[k])
+        _call_item(_column_dxhat_sums, dy2, x2, valid, has_mask, mean_used, rstd1, w1, S, sums)
         if not fixed:
-            m = _valid_rows(valid, has_mask, N) * S
+            m = _call_item(_valid_rows, valid, has_mask, N) * S
             for c in range(G):
                 proj[c] = sums[3, c] / m
                 mdx[c] = sums[2, c] / m if use_mean else 0.0
-    mh, ml, r = _xhat_factors(x2, mean_used, rstd1, S)
-    w = _per_position(w1, S)
-    proj_x, mdx_x = _per_position(proj.astype(dx2.dtype), S), _per_position(mdx.astype(dx2.dtype), S)
+    mh, ml, r = _call_item(_xhat_factors, x2, mean_used, rstd1, S)
+    w = _call_item(_per_position, w1, S)
+    proj_x, mdx_x = (
+        _call_item(_per_position, proj.astype(dx2.dtype), S),
+        _call_item(_per_position, mdx.astype(dx2.dtype), S),
+    )
     for i in prange(n_chunks):
         scratch = np.empty(min(P, STREAM_CHUNK_BYTES // dx2.itemsize) if stream else 0, dtype=dx2.dtype)
-        _column_dx(
+        _call_item(
+            _column_dx,
             dy2, x2, dx2, valid, has_mask, mh, ml, r, w, proj_x, mdx_x, fixed, i * per, min(N, (i + 1) * per), scratch,
             stream,
         )  # fmt: skip
@@ -2058,7 +2227,9 @@ def _forward_rows_kernel(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_p
         first = i * per_item
         last = min(units, first + per_item)
         scratch = np.empty(_scratch_len(L, 1, True, y3.itemsize) if stream else 0, dtype=y3.dtype)
-        _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, first, last, scratch, stream)
+        _call_item(
+            _forward_rows, x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, first, last, scratch, stream
+        )
         if stream:
             _store_fence()
 
@@ -2076,7 +2247,8 @@ def _forward_groups_kernel(
         first = i * per_item
         last = min(groups, first + per_item)
         scratch = np.empty(_scratch_len(L, S, False, y3.itemsize) if stream else 0, dtype=y3.dtype)
-        _forward_groups(
+        _call_item(
+            _forward_groups,
             x3, w2, b2, has_b, eps, centered, reduce_batch, mask2, has_mask, stats_given, mean2, var2, y3, K, S,
             piece, first, last, scratch, stream,
         )  # fmt: skip
@@ -2131,12 +2303,14 @@ def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affin
         # compile alone: its first call 12.6 s against 13.1, but every kernel in two processes 59.6 s against 54.2,
         # at the 60 s that issue 4 allows: not taken.)
         if G == 1:
-            _backward_rows(
+            _call_item(
+                _backward_rows,
                 dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
                 0, 1, True, scratch, stream,
             )  # fmt: skip
         else:
-            _backward_rows(
+            _call_item(
+                _backward_rows,
                 dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], terms, n_first, n_last,
                 g_first, g_last, False, scratch, stream,
             )  # fmt: skip
@@ -2159,9 +2333,10 @@ def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, 
     g_blocks, per_block = _row_blocks(G, n_chunks)
     for i in prange(n_chunks * g_blocks):
         c, n_first, n_last, g_first, g_last = _row_item(i, N, G, n_chunks, g_blocks, per_block, pdw, pdb)
-        _backward_rows_lean(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], n_first, n_last, g_first, g_last
-        )
+        _call_item(
+            _backward_rows_lean, dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], n_first,
+            n_last, g_first, g_last,
+        )  # fmt: skip
 
 
 def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, dw, db, sums, piece, stream):
@@ -2217,9 +2392,10 @@ def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, d
         first = i * per_item
         last = min(pieces, first + per_item)
         scratch = np.empty(_scratch_len(piece, 1, True, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
-        _backward_row_pieces(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, proj, mdx, piece, first, last, dw, db, scratch, stream
-        )
+        _call_item(
+            _backward_row_pieces, dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, proj, mdx, piece, first, last, dw,
+            db, scratch, stream,
+        )  # fmt: skip
         if stream:
             _store_fence()
 
@@ -2246,7 +2422,8 @@ def _backward_groups_kernel(
             pw2[:] = 0.0
             pb2[:] = 0.0
         scratch = np.empty(_scratch_len(L, S, False, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
-        _backward_groups(
+        _call_item(
+            _backward_groups,
             dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, mask2, has_mask, fixed, dx3, affine, pw2, pb2, K, S,
             first, last, scratch, stream,
         )  # fmt: skip
@@ -2265,10 +2442,11 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
     """``py_func`` jitted; the serial and parallel versions get distinct names, because numba's
     cache keys an entry by the function's name and bytecode, not by its compile flags.
 
-    The serial compiles were 11 s of the cold compile of every kernel (78-91 s, ``compile_every_kernel``; 81-88 s
-    since rows and blocks have kernels of their own, 1.05x the code before, ``benchmarks/compile_time.py``):
-    numba links the item functions into each kernel and generates their code again there, and again in the
-    parallel kernel's prange body and in the two wrappers numba builds around it (of one such compile, 84 s, 53
+    Before the items were called by symbol (``_call_item``), the serial compiles were 11 s of the cold compile of
+    every kernel (78-91 s, ``compile_every_kernel``; 81-88 s since rows and blocks have kernels of their own, 1.05x
+    the code before, ``benchmarks/compile_time.py``): numba linked the item functions into each kernel and
+    generated their code again there, and again in the parallel kernel's prange body and in the two wrappers numba
+    builds around it (of one such compile, 84 s, 53
     in LLVM: 8 in the prange bodies, 7 in each kind of wrapper, 19 in the kernels, 9 in the items' own
     compiles). One parallel compile run on one thread for small inputs instead (``numba.set_num_threads(1)``
     around the call, and back) took that to 70 s, but every small call 1.06-1.24 of the time (a float32
@@ -2281,93 +2459,7 @@ def _compile(py_func: Callable, parallel: bool) -> Callable:
     name = f"{py_func.__name__}_{'parallel' if parallel else 'serial'}"
     clone = types.FunctionType(py_func.__code__, py_func.__globals__, name, py_func.__defaults__, py_func.__closure__)
     clone.__qualname__ = name
-    try:
-        return _cache_locked(numba.njit(parallel=parallel, cache=True, error_model="numpy")(clone))
-    except RuntimeError as e:  # ("cannot cache function ...: no locator available")
-        _warn_uncached(e)
-        return numba.njit(parallel=parallel, error_model="numpy")(clone)
-
-
-_uncached_warned = False
-
-
-def _warn_uncached(error: RuntimeError) -> None:
-    """Says once that numba cannot cache the kernels on disk. It caches in the first of ``NUMBA_CACHE_DIR`` (where
-    that is set), ``__pycache__`` beside the sources and the user's cache directory that it can write to; with none
-    (a read-only install, in a container whose user has no writable home) ``cache=True`` raises at the decoration,
-    and the kernels are compiled without it: each process compiles what it calls, once."""
-    global _uncached_warned
-    if not _uncached_warned:
-        _uncached_warned = True
-        warnings.warn(
-            f"minigrad_norm: numba cannot cache the kernels on disk ({error}); each process compiles the ones it "
-            "calls. Set NUMBA_CACHE_DIR to a writable directory to keep them.",
-            stacklevel=2,
-        )
-
-
-def _cache_locked(kernel: Callable) -> Callable:
-    """``kernel``, its entries in numba's cache on disk written under an exclusive lock and read under a shared one,
-    held across processes.
-
-    numba saves a compiled signature in steps (``IndexDataCacheFile.save``): it reads the function's cache index,
-    adds the entry with the first data file name the index does not use, writes the index back, then writes the data
-    file. Two processes that compile different signatures of one kernel at once (a float32 and a float64 call in two
-    scripts, two test workers, on a fresh cache) can both read the index before either writes it. Both then take data
-    file 1, the index keeps one of the two entries, and when it is one process's and the data file the other's,
-    every later process loads the one signature's machine code for the other's calls, which fail ("can't unbox
-    array") until the cache is deleted. And a process loading between the two writes can find the index's new entry
-    beside a data file of that name from an older version of this module.
-
-    The lock is a POSIX record lock (``fcntl.lockf``) on a file beside the index: held by the process, so a child
-    forked while another thread holds it does not hold it too. Without ``fcntl`` (Windows), or where the file system
-    refuses the lock, the cache is read and written unlocked, as numba's own is; so it is, with a warning, after
-    CACHE_LOCK_WAIT_SECONDS waiting for a process that holds the lock (``_take_cache_lock``)."""
-    cache_file = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
-    if fcntl is None or cache_file is None:  # (no cache: numba's JIT is off, or it found no place to cache)
-        return kernel
-    lock_path = cache_file._index_path + ".lock"
-
-    def locked(method: Callable, mode: int) -> Callable:
-        def call(*args: object, **kwargs: object) -> object:
-            try:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-            except OSError:  # (no cache directory: a load finds nothing, and a save makes the directory first)
-                return method(*args, **kwargs)
-            try:
-                _take_cache_lock(fd, mode, lock_path)
-                return method(*args, **kwargs)
-            finally:
-                os.close(fd)  # (which releases the lock)
-
-        return call
-
-    cache_file.save = locked(cache_file.save, fcntl.LOCK_EX)
-    cache_file.load = locked(cache_file.load, fcntl.LOCK_SH)
-    return kernel
-
-
-def _take_cache_lock(fd: int, mode: int, path: str) -> None:
-    """``fcntl.lockf(fd, mode)``, but not forever: a save or load holds the lock for milliseconds, and a process
-    stopped while it holds it (in a debugger, by SIGSTOP) must not hang every other process that uses the cache.
-    After CACHE_LOCK_WAIT_SECONDS of asking, or where the file system refuses POSIX locks (ENOLCK: NFS without its
-    lock daemon), the caller goes on unlocked, as numba's own cache is."""
-    deadline = time.monotonic() + CACHE_LOCK_WAIT_SECONDS
-    while True:
-        try:
-            fcntl.lockf(fd, mode | fcntl.LOCK_NB)
-            return
-        except (BlockingIOError, PermissionError):  # (EAGAIN or EACCES: another process holds it)
-            if time.monotonic() >= deadline:
-                warnings.warn(
-                    f"minigrad_norm: another process has held {path} for {CACHE_LOCK_WAIT_SECONDS} s; reading or "
-                    "writing numba's cache of the kernels without it",
-                    stacklevel=4,
-                )
-                return
-            time.sleep(0.01)
-        except OSError:  # (ENOLCK and the like: no POSIX locks on this file system)
-            return
+    return _jit_cached(clone, parallel=parallel)
 
 
 _KERNELS = {
@@ -2955,12 +3047,16 @@ def compile_every_kernel(
 
     numba compiles one function at a time in a process, so the kernels are shared out among ``processes``
     fresh Python processes at once (by default one per CPU this process may use; 1: in this process), one
-    kernel to a process. Each kernel's two compiles are functions of their own, and nothing but the kernels
-    is cached: no two processes write the same cache file (and were two to add signatures of one kernel at
-    once, ``_cache_locked`` would keep numba's index whole). A process that fails raises a RuntimeError with
-    its error output; then, as on Ctrl-C, the other processes are stopped and no more are started.
-    On the 2-core AMD Zen 4 VM, both dtypes took 46 s in two processes against 83 s in one (the code before
-    this, which cached the functions the kernels call too and compiled in one process, 83-85 s;
+    kernel to a process. Each kernel's two compiles are functions of their own, and so is each item they call
+    (``_item``): two processes may compile an item that two kernels call (BatchNorm's columns forward and
+    backward share four small ones), and ``_cache_locked`` keeps its index whole. A process that fails raises a
+    RuntimeError with its error output; then, as on Ctrl-C, the other processes are stopped and no more are
+    started. On the 2-core Intel Emerald Rapids VM, with the items called by symbol (``_call_item``), both dtypes
+    took 58.5 s in two processes (85.5 before; ``benchmarks/compile_time.py``, medians of 2 rounds), a kernel
+    with its items alone in a fresh process (s): rows forward 14.0, groups forward 15.2, rows backward 16.9, lean
+    rows backward 5.8, few rows backward 16.0, groups backward 16.0, columns forward 12.1, columns backward 12.3,
+    erf 1.5. On the 2-core AMD Zen 4 VM, before that, both dtypes took 46 s in two processes against 83 s in one
+    (the code before this, which cached the functions the kernels call too and compiled in one process, 83-85 s;
     ``benchmarks/compile_time.py``, medians of 2 rounds). Handed out longest compile first (one process each:
     19.6, 16.3, 15.4, 14.5, 12.5, 11.2 and 1.0 s, which in ``_KERNELS``'s order should leave one process working
     3 s after the other is done), the kernels took 58.5-63.4 s against 54.6-62.0 in three alternated rounds: not
