@@ -119,7 +119,7 @@ Design points, each one tested in ``tests/test_kernels.py``:
 * Compiled on first call (importing this module compiles nothing) and cached on disk: the kernels
   (``_KERNELS``) and the work items' loops they call (``_item``), each item compiled once and called by
   its symbol (``_call_item``), not built into every kernel that calls it, as numba builds a jitted
-  callee (that halved the cold compile of every kernel: see "one work item's loop" below). A kernel
+  callee (that took a third off the cold compile of every kernel: see "one work item's loop" below). A kernel
   loaded from the cache has numba load or compile its items first (``_ItemSymbol``). Entries are written
   and read under a lock across processes (``_cache_locked``): numba's index is not safe against two
   processes adding signatures of one function at once.
