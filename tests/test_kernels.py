@@ -657,7 +657,8 @@ def test_rows_of_one_weight_take_the_lean_loop_and_never_stream(monkeypatch, vie
 def test_few_layer_norm_rows_go_in_column_pieces(monkeypatch, dtype, pieces, N, option):
     """Fewer than 64 rows of one group (one chunk of rows, ``_n_chunks``) with dweight/dbias take
     ``_backward_few_rows_kernel``: each row's sums piece by piece, then dx and dweight/dbias piece by piece through
-    every row. Without them, the rows' loop, a chunk a row (no partial rows to keep few). One row of 3 pieces and
+    every row. Without them, the rows' loop, a chunk a row (no partial rows to keep few), but for one row alone of a
+    parallel size, which would go on one thread there and takes the pieces, dx only. One row of 3 pieces and
     a ragged end, 9 rows (two blocks of TERM_BLOCK_ROWS terms) of 2 pieces and a ragged end, 63 rows shorter than a
     piece, one row of 131 pieces (two or three to a work item, each starting from terms of 0): the reference's
     values within the bounds, NaN/inf where it has them, on the serial and the parallel
@@ -677,7 +678,8 @@ def test_few_layer_norm_rows_go_in_column_pieces(monkeypatch, dtype, pieces, N, 
         need_affine_grads=not option.endswith("no affine"),
     )  # fmt: skip
     check_case(case)
-    kernel = "few rows backward" if case["need_affine_grads"] else "rows backward"
+    in_pieces = case["need_affine_grads"] or N == 1 and L >= numba_cpu.PARALLEL_MIN_ELEMENTS
+    kernel = "few rows backward" if in_pieces else "rows backward"
     assert [name for name in called if "backward" in name] == [kernel] * 2  # (computed, then fixed statistics)
     assert numba_cpu._n_chunks(N, 1, 1, False, False, affine=case["need_affine_grads"]) == (
         1 if case["need_affine_grads"] else N
@@ -1028,6 +1030,7 @@ def test_kernels_free_every_allocation_they_make(monkeypatch, view, reduce_batch
         ((1001, 7, 1, 1), True),
         ((9, 1, 70001, 1), False),
         ((3, 1, 262147, 1), False),
+        ((1, 1, 70001, 1), False),
     ],
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -1039,7 +1042,8 @@ def test_bit_identical_across_thread_counts(monkeypatch, shape, reduce_batch, dt
     groups of 2 chunks; the last two end in uneven chunks (LayerNorm's rows: 30 chunks of 33 rows and one of 11; the
     columns': 58 chunks of 17 rows, one of 15 and three empty); the one after them, 9 long rows, goes in 18 or 35
     column pieces (float32, float64), the last ragged (``_backward_few_rows_kernel``); 3 rows of 1 MiB or more, whose
-    forward goes in pieces on 2 threads and in whole rows on one (``_forward_by_pieces``). In float64 too, whose
+    forward goes in pieces on 2 threads and in whole rows on one (``_forward_by_pieces``); one long row, whose
+    backward without dweight/dbias ("bias only") goes in pieces too. In float64 too, whose
     dweight/dbias keep every bit of the float64 partial sums (rounded to float32, other partial sums mostly give
     the same bits); with a mask, with given (eval) statistics and the fixed-statistics backward, and with a bias but
     no weight (no affine gradients)."""

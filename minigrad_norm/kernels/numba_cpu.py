@@ -1605,12 +1605,12 @@ def _backward_rows_lean(
 
 @_item
 def _backward_row_pieces(
-    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, proj, mdx, piece, first, last, dw, db, scratch, stream
+    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, proj, mdx, piece, first, last, affine, dw, db, scratch, stream
 ):
     """``_backward_rows`` of the pieces p = first..last-1 of ``piece`` columns of every row of one group (LayerNorm's,
-    RMSNorm's), each row's proj = B/L and mdx = A/L given (``_backward_few_rows_kernel``): dx, and each piece's own
-    dweight and dbias columns in dw, db (in x's dtype), its rows' terms summed as ``_backward_rows`` sums them, in
-    blocks of TERM_BLOCK_ROWS rows, in float64, then rounded once (the same bits)."""
+    RMSNorm's), each row's proj = B/L and mdx = A/L given (``_backward_few_rows_kernel``): dx, and, with ``affine``,
+    each piece's own dweight and dbias columns in dw, db (in x's dtype), its rows' terms summed as ``_backward_rows``
+    sums them, in blocks of TERM_BLOCK_ROWS rows, in float64, then rounded once (the same bits)."""
     N, _, L = x3.shape
     terms = np.zeros((2, piece), dx3.dtype)
     sums = np.empty((2, piece))
@@ -1626,6 +1626,8 @@ def _backward_row_pieces(
                 dy3[n, 0, j0:j1], x3[n, 0, j0:j1], dx3[n, 0, j0:j1], scratch, stream, w2[0, j0:j1], mu, rstd2[n, 0],
                 proj[n], mdx[n], fixed, True, tw, tb, True,
             )  # fmt: skip
+            if not affine:  # (its terms, made in L1 all the same: a choice of loops made the affine pieces slower)
+                continue
             if n == N - 1:
                 _fold_terms_to(tw, tb, pw, pb, dw[j0:j1], db[j0:j1])
             elif (n + 1) % TERM_BLOCK_ROWS == 0:
@@ -2339,7 +2341,7 @@ def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, 
         )  # fmt: skip
 
 
-def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, dw, db, sums, piece, stream):
+def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, dw, db, sums, piece, stream):
     """The backward of rows of one group (LayerNorm's, RMSNorm's) too few to share out in chunks of rows
     (``_n_chunks``: one chunk), with dweight/dbias, in pieces of ``piece`` columns: first each row's sums A and B
     piece by piece (work items (row, piece), into ``sums`` (N, pieces, 2), the caller's), added up per row in piece
@@ -2364,6 +2366,14 @@ def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, d
     65536 0.86, 48 of 65536 0.93, 63 of 16384 0.91, 32 of 4096 0.89, 2 of 768 0.87 (copies of the same code
     1.00-1.04); float64 (then a copy, a pass over the piece, where the old code folded into dw itself: a row of
     2^22 1.07-1.16, and so folded in as it is written, 1.03) 0.98-1.03.
+
+    Without dweight/dbias, one row alone of PARALLEL_MIN_ELEMENTS values or more comes here too (``affine`` False),
+    where the rows' loop ran it on one thread: its pieces make their terms in L1 all the same and fold none (with
+    the flag choosing the loops instead, the pieces with dweight/dbias took 1.05-1.11x the time). ``benchmarks/
+    compare_kernels.py HEAD --floor`` (2 threads, the Intel VM): float32 one row of 2^23 values 0.76 of the time
+    hot, 0.65 cold, of 2^20 0.83; float64 2^22 0.70, 2^19 0.74; the rows with dweight/dbias 0.99-1.02 (copies of
+    the same code 0.97-1.03). Shorter rows stay in the rows' loop: in pieces (serial), one row of 2^18 float32
+    values took 1.42x the time, of 2^14 1.18x.
 
     Its price, a kernel as big to compile as the rows' (one dtype's two compiles 18.5 s against 20.9, the AMD
     Zen 4 VM): the cold compile of every kernel took 104.5 s instead of 87.7 there (``benchmarks/compile_time.py
@@ -2393,8 +2403,8 @@ def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, d
         last = min(pieces, first + per_item)
         scratch = np.empty(_scratch_len(piece, 1, True, dx3.itemsize) if stream else 0, dtype=dx3.dtype)
         _call_item(
-            _backward_row_pieces, dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, proj, mdx, piece, first, last, dw,
-            db, scratch, stream,
+            _backward_row_pieces, dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, proj, mdx, piece, first, last,
+            affine, dw, db, scratch, stream,
         )  # fmt: skip
         if stream:
             _store_fence()
@@ -2814,7 +2824,8 @@ def _n_chunks(N: int, G: int, S: int, reduce_batch: bool, has_mask: bool, affine
     too few for two chunks (fewer than 64) go in pieces of columns instead (``_backward_few_rows_kernel``).
 
     Without ``affine`` (no dweight/dbias) there are no partial rows, and rows take a chunk each, up to
-    _TARGET_ITEMS: fewer than 64 rows had gone on one thread. ``benchmarks/compare_kernels.py HEAD`` ("bwd, no
+    _TARGET_ITEMS: fewer than 64 rows had gone on one thread (one row alone, long enough, goes in pieces instead,
+    ``_backward_few_rows_kernel``). ``benchmarks/compare_kernels.py HEAD`` ("bwd, no
     affine grads", 2 threads, hot, the AMD Zen 4 VM) took float32 8 rows of 65536 values 0.74 of the time, 48 of
     them 0.62, 63 of 16384 0.66, 16 of 2^19 (from DRAM) 0.94; float64 16 rows of 2^18 0.56, 48 of 2^15 0.74; from
     64 to 1024 rows (4-32 chunks before, 64 now) 0.95-1.03, where two copies of the same code read 0.86-1.06."""
@@ -2984,16 +2995,18 @@ def _backward_by_groups(
     n_chunks = _n_chunks(N, G, S, reduce_batch, mask is not None, affine)
     use_mean, dx3 = centered or fixed_stats, dx.reshape(N, G, L)
     rows = _rows(S, mask is not None, reduce_batch)
-    if rows and G == 1 and n_chunks == 1 and affine and not terms_per_row and dweight_dtype == x3.dtype:
-        # (rows in another dtype than their weight's, rare, take the rows' loop: this kernel compiles for
-        # dweight/dbias in x's dtype only, rounded so from its float64 sums; see the kernel for why)
+    # (rows in another dtype than their weight's, rare, take the rows' loop: the few rows' kernel compiles for
+    # dweight/dbias in x's dtype only, rounded so from its float64 sums; see the kernel for why. Without dweight and
+    # dbias, one row alone of a parallel size: see the kernel.)
+    in_pieces = not terms_per_row and dweight_dtype == x3.dtype if affine else N == 1 and L >= PARALLEL_MIN_ELEMENTS
+    if rows and G == 1 and n_chunks == 1 and in_pieces:
         piece = min(L, ROW_PIECE_BYTES // x3.itemsize)
         sums = POOL.empty((N, (L + piece - 1) // piece, 2), np.float64)
-        dw, db = POOL.empty((G, L), x3.dtype), POOL.empty((G, L), x3.dtype)
+        dw, db = (POOL.empty((G, L if affine else 0), x3.dtype) for _ in range(2))
         _kernel("few rows backward", x3.size)(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, dw[0], db[0], sums, piece, stream
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, dw[0], db[0], sums, piece, stream
         )
-        return dw, db
+        return (dw, db) if affine else (None, None)
     # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them. From the
     # pool, as the rows' term rows, their sums and dweight and dbias (``_pooled_copy``): for long rows they reach
     # glibc's mmap threshold, and fresh pages every call (zeroed by the OS on first touch) took a float32 LayerNorm
