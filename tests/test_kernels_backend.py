@@ -489,7 +489,7 @@ def test_the_settings_tests_change_at_run_time_are_read_by_no_jitted_code():
     """numba freezes into a kernel the value of each global its jitted code reads, when it compiles, and caches it
     so. A global the tests change at run time (``setattr(numba_cpu, ...)``, found here in the tests' sources) must be
     read by the Python functions only: else a kernel compiled during such a test keeps the test's value, in the
-    process and in numba's cache, and one compiled after the change links item functions compiled before it,
+    process and in numba's cache, and one compiled after the change calls item functions compiled before it,
     with the old value."""
     import re
     import types
