@@ -27,7 +27,10 @@ eps 1e-5, 1e-2 or 1, so that the variance falls below eps as well as far above i
 
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
+import sys
 from fractions import Fraction
 
 import numba
@@ -550,30 +553,121 @@ def test_the_backward_routes_short_runs_by_the_size_of_x(monkeypatch):
         assert not numba_cpu._as_rows(view, 4, False, None, backward=False, dweight=False)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("parallel", [False, True])
-def test_short_rows_in_batches_give_the_row_by_row_bits(monkeypatch, dtype, parallel):
-    """The forward takes rows of at most SHORT_ROW_BYTES in batches (``_forward_rows``), each step over the whole
-    batch; rows streamed out go one at a time. The two orders must give the same bits: y, mean and var, for
-    InstanceNorm's maps of 64 bytes and of 3 values taken as rows, over batches and work items that end
-    mid-batch, and for rows that are not centered (RMSNorm)."""
-    rng = np.random.default_rng(7)
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_short_rows_as_vectors(monkeypatch, dtype, parallel, layer_norm):
+    """Rows of 1 to SHORT_ROW_VALUES values go each as one masked vector (see "short rows" in numba_cpu): the
+    forward's, in batches, and the backward's of more than SHORT_ROW_LOOP_BACKWARD_BYTES; a row of one value more
+    takes the loops. y, dx, dweight and dbias within the reference's bounds and of its NaN/inf pattern (a NaN, an
+    inf and a -inf in x, an inf in dy), every option in turn, for InstanceNorm's maps taken as rows (a weight a
+    row: the lean loop) and LayerNorm's rows (the rows' loop), over batches and work items that end mid-batch
+    (5161 rows: 64 items of 81 rows)."""
     monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
-    for S in (numba_cpu.SHORT_ROW_BYTES // np.dtype(dtype).itemsize, 3):
-        # 5161 rows: 64 work items of 81 rows, each a whole batch (64 rows of 64 bytes) and part of one
-        x = (rng.standard_normal((397, 13, 1, S)) * 3 + 5).astype(dtype)
-        w, b = rng.standard_normal((2, 13, 1)).astype(dtype)
-        for centered in (True, False):
+    rng = np.random.default_rng(7)
+    for L in range(1, numba_cpu.SHORT_ROW_VALUES + 2):
+        view = (5161, 1, L, 1) if layer_norm else (397, 13, 1, L)
+        x = (rng.standard_normal(view) * 3 + 5).astype(dtype)
+        x.flat[rng.choice(x.size, 3, replace=False)] = [np.nan, np.inf, -np.inf]
+        dy = rng.standard_normal(view).astype(dtype)
+        dy.flat[rng.integers(dy.size)] = np.inf
+        w, b = rng.standard_normal((2, *view[1:3])).astype(dtype)
+        case = dict(
+            x=x, dy=dy, weight=w, bias=b if L % 2 else None, reduce_batch=False, mask=None, centered=L % 3 != 1,
+            eval_stats=L % 4 == 3, need_affine_grads=L % 5 != 2,
+        )  # fmt: skip
+        check_case(case)
+
+
+@numba.njit
+def _short_row_calls(x, dy, w, b, y, dx, mu, r, proj, mdx, fixed):
+    """Every short-row intrinsic on one row (a view into a padded buffer): its sums, and y and dx in place."""
+    numba_cpu._short_normalize_row(x, y, w, b, True, mu, r)
+    numba_cpu._short_dx_row(dy, x, dx, w, mu, r, proj, mdx, fixed)
+    a, c = numba_cpu._short_row_dy_sums(dy, x, mu, r)
+    d, e = numba_cpu._short_row_dx_sums(dy, x, w, mu, r)
+    return numba_cpu._short_sum(x), numba_cpu._short_sum_sq_dev(x, mu), a, c, d, e
+
+
+@numba.njit
+def _loop_row_calls(x, dy, w, b, y, dx, mu, r, proj, mdx, fixed):
+    """``_short_row_calls`` by the loops the intrinsics stand for."""
+    numba_cpu._normalize_row(x, y, w, b, True, mu, r)
+    numba_cpu._dx_row(dy, x, dx, w, mu, r, proj, mdx, fixed)
+    a, c = numba_cpu._row_dy_sums(dy, x, mu, r)
+    d, e = numba_cpu._row_dx_sums(dy, x, w, mu, r)
+    return numba_cpu._sum(x), numba_cpu._sum_sq_dev(x, mu), a, c, d, e
+
+
+@pytest.mark.parametrize("dtype, affine_dtype", [(np.float32,) * 2, (np.float64,) * 2, (np.float32, np.float64)])
+def test_short_row_intrinsics_keep_to_their_row(dtype, affine_dtype):
+    """Each short-row intrinsic reads and writes its row's values only: the inputs padded with NaN on both sides
+    (read as a value, it would make a sum NaN), the outputs with 7 (kept wherever a store was masked). y and dx are
+    the loops' to the bit (the same operations per value, float32 data with a float64 weight and bias too, whose
+    products numba takes in float64: ``_affine2``), the sums theirs but for the order of addition."""
+    rng = np.random.default_rng(3)
+    pad = numba_cpu.SHORT_ROW_VALUES
+    for L in range(1, numba_cpu.SHORT_ROW_VALUES + 1):
+        inputs = []
+        for t in (dtype, dtype, affine_dtype, affine_dtype):  # x, dy, w, b
+            a = np.full(L + 2 * pad, np.nan, t)
+            a[pad : pad + L] = rng.standard_normal(L) * 2 + 1
+            inputs.append(a[pad : pad + L])
+        x = inputs[0]
+        mu, r = float(np.mean(x, dtype=np.float64)), 0.75
+        for fixed in (False, True):
             results = []
-            for stream in (False, True):  # batched, then row by row (a streamed output forces it)
-                with pytest.MonkeyPatch.context() as mp:
-                    mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
-                    mp.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
-                    out = aligned_empty(x.shape, dtype)
-                    results.append(numba_cpu.norm_forward(x, w, b, EPS, centered=centered, out=out))
-            for batched, one_by_one in zip(*results):
-                np.testing.assert_array_equal(batched, one_by_one)
-            assert_close(results[0][0], reference.norm_forward(x, w, b, EPS, centered=centered)[0], dtype, "y")
+            for calls in (_short_row_calls, _loop_row_calls):
+                y, dx = (np.full(L + 2 * pad, 7.0, dtype) for _ in range(2))
+                sums = calls(*inputs, y[pad : pad + L], dx[pad : pad + L], mu, r, 0.3, -0.2, fixed)
+                for out in (y, dx):
+                    assert np.all(out[:pad] == 7.0) and np.all(out[pad + L :] == 7.0), (L, "written past the row")
+                results.append((y, dx, np.array(sums)))
+            (y, dx, sums), (y_loop, dx_loop, sums_loop) = results
+            np.testing.assert_array_equal(y, y_loop)
+            np.testing.assert_array_equal(dx, dx_loop)
+            assert np.all(np.isfinite(sums)), (L, sums)
+            np.testing.assert_allclose(sums, sums_loop, rtol=1e-14, atol=1e-14 * L)
+
+
+def _guarded(count: int, dtype) -> np.ndarray:
+    """``count`` values of ``dtype`` that end where a page begins that may be neither read nor written."""
+    page, itemsize = mmap.PAGESIZE, np.dtype(dtype).itemsize
+    pages = -(-count * itemsize // page)
+    memory = mmap.mmap(-1, (pages + 1) * page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    libc = ctypes.CDLL(None, use_errno=True)
+    prot_none = 0
+    assert libc.mprotect(ctypes.c_void_p(start + pages * page), ctypes.c_size_t(page), prot_none) == 0
+    return np.frombuffer(memory, dtype, count=count, offset=pages * page - count * itemsize)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect through libc: Linux")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_short_rows_touch_no_memory_past_the_array(monkeypatch, dtype, parallel):
+    """The last short row's vector reaches past the end of x, dy, y and dx, into a page that faults when touched
+    (a read or write there would end the process): its masked lanes must touch nothing. The results the
+    reference's."""
+    monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
+    rng = np.random.default_rng(5)
+    for L in (1, 5, 9, 15):
+        view = (7, 5, 1, L)
+        x, dy, y, dx = (_guarded(int(np.prod(view)), dtype).reshape(view) for _ in range(4))
+        x[...] = rng.standard_normal(view)
+        dy[...] = rng.standard_normal(view)
+        w = rng.standard_normal(view[1:3]).astype(dtype)
+        assert numba_cpu.norm_forward(x, w, w, EPS, out=y)[0] is y
+        _, mean, var = want = reference.norm_forward(x, w, w, EPS)
+        rstd = 1 / np.sqrt(var + EPS)
+        got = numba_cpu.norm_backward(dy, x, mean, rstd, w, out=dx)
+        assert got[0] is dx
+        case = dict(x=x, dy=dy, weight=w, bias=w, centered=True, reduce_batch=False, mask=None)
+        bounds = float32_bounds(case, mean, var, False) if dtype == np.float32 else {}
+        assert_close(y, want[0], dtype, "y", bounds.get("y"))
+        for name, g, v in zip(("dx", "dweight", "dbias"), got, reference.norm_backward(dy, x, mean, rstd, w)):
+            assert_close(g, v, dtype, name, bounds.get(name))
 
 
 def test_instance_norm_rows_sum_their_terms_per_row_in_float64():
@@ -605,7 +699,8 @@ def test_instance_norm_rows_sum_their_terms_per_row_in_float64():
         ((70, 6, 1, 5), True, True),  # InstanceNorm's small maps: one weight, one dweight/dbias term, per row
         ((70, 1, 1, 5), True, True),  # ... of one channel: one group
         ((70, 6, 1, 5), False, "unless streamed"),  # no terms
-        ((70, 3, 2, 5), False, "unless streamed"),  # GroupNorm's small maps, without terms
+        ((70, 3, 2, 4), False, "unless streamed"),  # GroupNorm's small maps, without terms
+        ((70, 3, 2, 5), False, True),  # ... short rows (40 bytes: as vectors), even where streamed
         ((70, 3, 2, 5), True, False),  # ... with a term per value
         ((70, 1, 8, 1), False, False),  # LayerNorm's rows, one group, have a compile of their own
         ((70, 1, 8, 1), True, False),
@@ -617,7 +712,8 @@ def test_rows_of_one_weight_take_the_lean_loop_and_never_stream(monkeypatch, vie
     whose partial rows hold a term per value, must never be given in their place: a partial row of one value
     folded as one of L would be written past its end. They go there even where dx would stream (forced here for
     every size): the lean loop does not stream, and such rows never are where dx is big enough. Rows of several
-    groups without terms take the lean loop unless dx streams; LayerNorm's never. Each result the reference's, and
+    groups without terms take the lean loop unless dx streams and they are not short (``_short_backward_rows``: the
+    lean loop's vectors, whose sums the rows' loop does not make); LayerNorm's never. Each result the reference's, and
     the streamed calls' (or the lean loop's) bits the same as the others' where the loop differs."""
     called = record_kernel_calls(monkeypatch)
     monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)

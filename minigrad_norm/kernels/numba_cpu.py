@@ -81,9 +81,10 @@ Design points, each one tested in ``tests/test_kernels.py``:
   Blocks that are rows with their own statistics (LayerNorm, RMSNorm) take loops of their own, which LLVM
   compiles to much less per-row work than the general ones (half the time on 64-128 value rows), in kernels
   of their own (a LayerNorm compiles none of the other blocks' loops); so do the blocks of short runs
-  (InstanceNorm and GroupNorm on small maps), with the weight repeated over each run (``_as_rows``). On
-  Intel CPUs the forward row loop prefetches short rows (see ``_rows_ahead``); the forward of other blocks
-  computes their statistics two blocks at a time (see ``_forward_groups``; the backward of a BatchNorm
+  (InstanceNorm and GroupNorm on small maps), with the weight repeated over each run (``_as_rows``). A row of
+  at most SHORT_ROW_VALUES values is one vector, read and written by masked loads and stores (see "short
+  rows"). On Intel CPUs the forward row loop prefetches rows of up to 2 KiB (see ``_rows_ahead``); the forward
+  of other blocks computes their statistics two blocks at a time (see ``_forward_groups``; the backward of a BatchNorm
   channel's blocks takes its sums so too, ``_backward_sums_pair``), blocks too long for L1 a piece at a time,
   each piece's two passes merged by Chan's update (``_pair_moments``), and, when it streams its output,
   prefetches the next block into L2 while it writes one (``_block_ahead``). The dweight/dbias sums over (n, s)
@@ -223,8 +224,10 @@ MOMENTS_PIECE = 1024
 STREAM_CHUNK_BYTES = 4096
 # A row's dweight/dbias terms are summed in x's dtype over blocks of this many rows, then in float64: see _fold_terms.
 TERM_BLOCK_ROWS = 8
-# The forward takes rows of at most this many bytes in batches of this many: see _forward_rows.
-SHORT_ROW_BYTES = 64
+# Rows of at most this many values go in one (masked) vector each: see "short rows" below. The backward keeps its
+# loops for rows of at most SHORT_ROW_LOOP_BACKWARD_BYTES: see _backward_rows_lean.
+SHORT_ROW_VALUES = 16
+SHORT_ROW_LOOP_BACKWARD_BYTES = 32
 # columns of a piece of the few rows' backward (``_backward_few_rows_kernel``); the forward takes rows of at least
 # ROW_PIECES_MIN_BYTES in such pieces (``_forward_rows_kernel``)
 ROW_PIECE_BYTES = 16 * 1024
@@ -459,6 +462,202 @@ def _stream_copy(src, dst):
         _stream_store(dst, src, head + j * lanes)
     for i in range(head + blocks * lanes, n):
         dst[i] = src[i]
+
+
+# ---------------------------------------------------------------------------
+# short rows: a row of at most SHORT_ROW_VALUES values in one vector, the lanes past its end masked off
+#
+# LLVM vectorizes a loop over a row for 16-32 values a step (4 vectors of 4-8 lanes) and runs what is left a value
+# at a time, so a row of a few values (InstanceNorm's 4x4 maps taken as rows) ran its loops value by value. These
+# intrinsics take the whole row as one vector of SHORT_ROW_VALUES lanes, read and written by masked loads and
+# stores: a lane past the row's end touches no memory (it reads as 0 and is not written), so there is no fault
+# at the end of an array and no write into the next row, which another thread may own. Each does what the loop
+# named in its docstring does, value for value the same operations in the same types; only its sums add in an
+# order of their own (``_ShortRow.sum``).
+
+
+class _ShortRow:
+    """Builds the LLVM IR of one call of a short-row intrinsic, whose rows (1-D, contiguous) are all of the first
+    one's length n <= SHORT_ROW_VALUES: each row a vector of SHORT_ROW_VALUES lanes, ``mask`` marking lanes < n."""
+
+    def __init__(self, context, builder, arraytype, array):
+        self.context, self.builder = context, builder
+        n = builder.extract_value(context.make_array(arraytype)(context, builder, array).shape, 0)
+        lanes = ir.Constant(ir.VectorType(n.type, SHORT_ROW_VALUES), list(range(SHORT_ROW_VALUES)))
+        self.mask = builder.icmp_unsigned("<", lanes, self.splat(n))
+
+    def splat(self, value):
+        """A vector of ``value`` in every lane."""
+        i32 = ir.IntType(32)
+        lane0 = self.builder.insert_element(
+            ir.Constant(ir.VectorType(value.type, SHORT_ROW_VALUES), ir.Undefined), value, ir.Constant(i32, 0)
+        )
+        return self.builder.shuffle_vector(lane0, lane0, ir.Constant(ir.VectorType(i32, SHORT_ROW_VALUES), 0))
+
+    def _masked(self, op, arraytype, array):
+        """(the row's vector type, its data as a pointer to one, the intrinsic llvm.masked.``op`` for it)."""
+        vector = ir.VectorType(self.context.get_data_type(arraytype.dtype), SHORT_ROW_VALUES)
+        data = self.context.make_array(arraytype)(self.context, self.builder, array).data
+        pointer = self.builder.bitcast(data, vector.as_pointer())
+        i32 = ir.IntType(32)
+        if op == "load":
+            signature = ir.FunctionType(vector, [pointer.type, i32, self.mask.type, vector])
+        else:
+            signature = ir.FunctionType(ir.VoidType(), [vector, pointer.type, i32, self.mask.type])
+        # (named for typed pointers, ...p0v16f32, as llvmlite writes them; LLVMs of opaque pointers rename it ...p0)
+        kind = f"v{SHORT_ROW_VALUES}f{arraytype.dtype.bitwidth}"
+        return (
+            vector,
+            pointer,
+            cgutils.get_or_insert_function(self.builder.module, signature, f"llvm.masked.{op}.{kind}.p0{kind}"),
+        )
+
+    def load(self, arraytype, array):
+        """The row, 0 in the lanes past its end (for which no memory is read)."""
+        vector, pointer, load = self._masked("load", arraytype, array)
+        align = ir.Constant(ir.IntType(32), arraytype.dtype.bitwidth // 8)
+        return self.builder.call(load, [pointer, align, self.mask, ir.Constant(vector, None)])
+
+    def store(self, arraytype, array, value):
+        """``value`` into the row, rounded to its dtype if wider (its lanes past the row's end are not written)."""
+        vector, pointer, store = self._masked("store", arraytype, array)
+        if value.type != vector:
+            value = self.builder.fptrunc(value, vector)
+        align = ir.Constant(ir.IntType(32), arraytype.dtype.bitwidth // 8)
+        self.builder.call(store, [value, pointer, align, self.mask])
+
+    def float64(self, value):
+        """``value`` in float64 (each lane converted exactly)."""
+        lanes = ir.VectorType(ir.DoubleType(), SHORT_ROW_VALUES)
+        return value if value.type == lanes else self.builder.fpext(value, lanes)
+
+    def add(self, a, b):
+        """a + b, lane by lane, as numba adds: float32 with float64 in float64 (a float64 weight or bias, which
+        float32 data may have: ``_affine2``)."""
+        return self.builder.fadd(*self._promoted(a, b))
+
+    def sub(self, a, b):
+        """a - b, as ``add``."""
+        return self.builder.fsub(*self._promoted(a, b))
+
+    def mul(self, a, b):
+        """a * b, as ``add``."""
+        return self.builder.fmul(*self._promoted(a, b))
+
+    def choose(self, condition, a, b):
+        """a where ``condition`` (a scalar) holds, else b, in the wider type of the two."""
+        return self.builder.select(condition, *self._promoted(a, b))
+
+    def _promoted(self, a, b):
+        return (a, b) if a.type == b.type else (self.float64(a), self.float64(b))
+
+    def zero_past_end(self, value):
+        """``value`` with its lanes past the row's end set to 0."""
+        return self.builder.select(self.mask, value, ir.Constant(value.type, None))
+
+    def sum(self, value):
+        """The sum of the lanes (0 past the row's end), the halves added pairwise: 8 + 8 lanes, 4 + 4, 2 + 2,
+        1 + 1, four dependent additions where a loop's sum makes a chain of 15."""
+        i32, lanes = ir.IntType(32), SHORT_ROW_VALUES
+        while lanes > 1:
+            half = lanes // 2
+            low, high = (
+                self.builder.shuffle_vector(
+                    value, value, ir.Constant(ir.VectorType(i32, half), list(range(k, k + half)))
+                )
+                for k in (0, half)
+            )
+            value, lanes = self.builder.fadd(low, high), half
+        return self.builder.extract_element(value, ir.Constant(i32, 0))
+
+
+@intrinsic
+def _short_sum(typingctx, v):
+    """``_sum(v)`` of a short row: sum(v), in float64."""
+
+    def codegen(context, builder, sig, args):
+        row = _ShortRow(context, builder, sig.args[0], args[0])
+        return row.sum(row.float64(row.load(sig.args[0], args[0])))
+
+    return nbtypes.float64(v), codegen
+
+
+@intrinsic
+def _short_sum_sq_dev(typingctx, v, mu):
+    """``_sum_sq_dev(v, mu)`` of a short row: sum((v - mu)^2), in float64."""
+
+    def codegen(context, builder, sig, args):
+        row = _ShortRow(context, builder, sig.args[0], args[0])
+        d = row.sub(row.float64(row.load(sig.args[0], args[0])), row.splat(args[1]))
+        return row.sum(row.zero_past_end(row.mul(d, d)))
+
+    return nbtypes.float64(v, mu), codegen
+
+
+@intrinsic
+def _short_normalize(typingctx, xb, yb, w, b, has_b, mh, ml, r):
+    """``_normalize_row``'s loop over a short row, its mean split (``_split``) and rstd given in x's dtype:
+    y = ((x - mu_hi) - mu_lo) * rstd * w + b (without b unless ``has_b``), in x's dtype."""
+
+    def codegen(context, builder, sig, args):
+        row = _ShortRow(context, builder, sig.args[0], args[0])
+        x, w, b = (row.load(sig.args[k], args[k]) for k in (0, 2, 3))
+        mh, ml, r = (row.splat(a) for a in args[5:])
+        y = row.mul(row.mul(row.sub(row.sub(x, mh), ml), r), w)
+        row.store(sig.args[1], args[1], row.choose(args[4], row.add(y, b), y))
+        return context.get_dummy_value()
+
+    return nbtypes.none(xb, yb, w, b, has_b, mh, ml, r), codegen
+
+
+@intrinsic
+def _short_row_dy_sums(typingctx, dy, x, mu, r):
+    """``_row_dy_sums(dy, x, mu, r)`` of a short row: (sum(dy), sum(dy * xhat)), xhat = (x - mu) * r, in
+    float64."""
+
+    def codegen(context, builder, sig, args):
+        row = _ShortRow(context, builder, sig.args[0], args[0])
+        dy, x = (row.float64(row.load(sig.args[k], args[k])) for k in (0, 1))
+        mu, r = (row.splat(a) for a in args[2:])
+        dy_xhat = row.zero_past_end(row.mul(dy, row.mul(row.sub(x, mu), r)))
+        return context.make_tuple(builder, sig.return_type, [row.sum(dy), row.sum(dy_xhat)])
+
+    return nbtypes.UniTuple(nbtypes.float64, 2)(dy, x, mu, r), codegen
+
+
+@intrinsic
+def _short_row_dx_sums(typingctx, dy, x, w, mu, r):
+    """``_row_dx_sums(dy, x, w, mu, r)`` of a short row: (sum(dxhat), sum(dxhat * xhat)), dxhat = dy * w,
+    xhat = (x - mu) * r, in float64."""
+
+    def codegen(context, builder, sig, args):
+        row = _ShortRow(context, builder, sig.args[0], args[0])
+        dy, x, w = (row.float64(row.load(sig.args[k], args[k])) for k in (0, 1, 2))
+        mu, r = (row.splat(a) for a in args[3:])
+        dxhat = row.mul(dy, w)
+        dxhat_xhat = row.zero_past_end(row.mul(dxhat, row.mul(row.sub(x, mu), r)))
+        return context.make_tuple(builder, sig.return_type, [row.sum(dxhat), row.sum(dxhat_xhat)])
+
+    return nbtypes.UniTuple(nbtypes.float64, 2)(dy, x, w, mu, r), codegen
+
+
+@intrinsic
+def _short_dx(typingctx, dyb, xb, dxb, w, mh, ml, r, proj, mdx, fixed):
+    """``_dx_row``'s loops over a short row, its scalars given in x's dtype (``_dx_scalars``):
+    dx = ((dy * w - xhat * proj) - mdx) * rstd, xhat = ((x - mu_hi) - mu_lo) * rstd, or, with ``fixed``
+    statistics, dy * w * rstd, in x's dtype (``_dx``)."""
+
+    def codegen(context, builder, sig, args):
+        row = _ShortRow(context, builder, sig.args[0], args[0])
+        dy, x, w = (row.load(sig.args[k], args[k]) for k in (0, 1, 3))
+        mh, ml, r, proj, mdx = (row.splat(a) for a in args[4:9])
+        dxhat = row.mul(dy, w)
+        xhat = row.mul(row.sub(row.sub(x, mh), ml), r)
+        dx = row.mul(row.sub(row.sub(dxhat, row.mul(xhat, proj)), mdx), r)
+        row.store(sig.args[2], args[2], row.choose(args[9], row.mul(dxhat, r), dx))
+        return context.get_dummy_value()
+
+    return nbtypes.none(dyb, xb, dxb, w, mh, ml, r, proj, mdx, fixed), codegen
 
 
 # ---------------------------------------------------------------------------
@@ -714,6 +913,13 @@ def _normalize_row(xb, yb, w, b, has_b, mu, r):
 
 
 @numba.njit(error_model="numpy", inline="always")
+def _short_normalize_row(xb, yb, w, b, has_b, mu, r):
+    """``_normalize_row`` of a short row: one vector (``_short_normalize``)."""
+    mh, ml = _split(xb, mu)
+    _short_normalize(xb, yb, w, b, has_b, mh, ml, _in_dtype_of(xb, r))
+
+
+@numba.njit(error_model="numpy", inline="always")
 def _normalize_block(xb, yb, w, b, has_b, mrow, has_mask, mu, r, K, S):
     """``_normalize_row`` on one (n, g) block of K runs of S values, the weight and bias per run; 0
     where masked out.
@@ -876,6 +1082,13 @@ def _dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
     else:
         for i in range(xb.shape[0]):
             dxb[i] = _dx(dyb[i], w[i], _xhat(xb[i], mh, ml, r), r, proj, mdx)
+
+
+@numba.njit(error_model="numpy", inline="always")
+def _short_dx_row(dyb, xb, dxb, w, mu, r, proj, mdx, fixed):
+    """``_dx_row`` of a short row: one vector (``_short_dx``)."""
+    mh, ml, r, proj, mdx = _dx_scalars(xb, mu, r, proj, mdx)
+    _short_dx(dyb, xb, dxb, w, mh, ml, r, proj, mdx, fixed)
 
 
 @numba.njit(error_model="numpy", inline="always")
@@ -1261,17 +1474,23 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, 
     w2, b2, scratch = _borrowed(w2), _borrowed(b2), _borrowed(scratch)
     ahead = _rows_ahead(L, x.itemsize)
     g = first % G
-    # Rows of at most SHORT_ROW_BYTES (InstanceNorm's and GroupNorm's small maps taken as rows, tiny LayerNorms)
-    # go in batches of SHORT_ROWS_BATCH_BYTES, a step at a time over the whole batch: the means, then the
-    # variances, then rstd and the normalization. Row by row, each short row waits on its chain of dependent
-    # steps (a sum, a division, a second sum, a division, a square root and a division: ~19 ns for 16 float32
-    # values, one thread); over a batch the chains of many rows overlap. The same arithmetic per row, so the
-    # same bits. ``benchmarks/compare_kernels.py --cold`` (2 threads, the AMD Zen 4 VM) took the forward of
-    # InstanceNorm's blocks as rows of 16 and 8 float32 values 0.67 and 0.71 of the time, of 8 float64 values
-    # 0.73 (rstd in a loop of its own, into an array of the batch's: 0.70-0.79), calls of a few rows 0.99-1.01;
-    # and the cold compile of every kernel 1.01x (``benchmarks/compile_time.py``). Longer rows stay one at a
-    # time: the batches for rows of any length took rows of 128 values 1.03-1.58, of 768-1024 values 0.84-1.14
-    # (one thread, interleaved, float32 and float64); rows of 16 float64 values (128 bytes) gained 0.93-0.97.
+    # Rows of at most SHORT_ROW_VALUES values (InstanceNorm's small maps taken as rows, tiny LayerNorms) go in
+    # batches of SHORT_ROWS_BATCH_BYTES, a step at a time over the whole batch: the means, then the variances,
+    # then rstd and the normalization, each row one masked vector (see "short rows"). Row by row, each short row
+    # waits on its chain of dependent steps (a sum, a division, a second sum, a division, a square root and a
+    # division); over a batch the chains of many rows overlap. ``benchmarks/compare_kernels.py --cold`` (2
+    # threads, the AMD Zen 4 VM) took the forward of InstanceNorm's blocks as rows of 16 and 8 float32 values
+    # 0.67 and 0.71 of the time in batches, when each row still went through the loops (``_sum``...), of 8
+    # float64 values 0.73 (rstd in a loop of its own, into an array of the batch's: 0.70-0.79). Each row one
+    # vector then took (``--cold --floor``, 2 threads, the Intel VM, two or three runs; new/twin 0.97-1.05):
+    # float32 rows of 16, 9, 8, 4 and 2 values (InstanceNorm's maps, (N, 64, 1, S), 16-32 MiB) 0.73-0.75,
+    # 0.64-0.66, 0.74-0.77, 0.79-0.80 and 0.86 of the time, LayerNorm 65536x16 0.77-0.78; float64 rows of 16, 9,
+    # 8, 5, 4 and 2 values 0.74-0.78, 0.56-0.57, 0.73-0.89, 0.70, 0.73-0.76 and 0.89 (float64 rows of 9-16 values
+    # went one at a time before, prefetched on Intel CPUs), LayerNorm 0.72; hot, float32 rows of 16 values
+    # 0.62-0.70; and the cold compile of every kernel 0.92 (``benchmarks/compile_time.py``, both items' loops in
+    # the rows' forward now one call each). The same vectors row by row took float32 rows of 16 and 9 values
+    # 0.85-0.86, of 8 1.04; with the next rows prefetched 2 KiB ahead 0.91-1.14; the batch's divisions and
+    # square roots in loops of their own (vectorized) 1.01-1.04 of the batches' time.
     # (Rows in pairs, as the blocks of _forward_groups, took float32 rows of 1024 values 0.91-0.92 of the time
     # (hot and cold), but rows of 128 values 1.00-1.11, of 768 0.94-1.06, float64 rows 0.96-1.06
     # (compare_kernels.py, 2 threads, the Intel VM); on the AMD VM, rows of 4 KiB or more in pairs took float32
@@ -1282,18 +1501,20 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, 
     # the loop of this row's squared deviations, so that its reads overlap that pass from L1, float64 0.98, 1.04,
     # 1.10, 1.02, float32 0.95-1.03; a batch of short rows computed into a scratch of the batch and streamed out
     # whole, 4 KiB at a time, float32 rows of 16 values 1.11-1.15, float64 rows of 8 values 1.12.)
-    if L * x.itemsize <= SHORT_ROW_BYTES and not stream:
+    # (rows of 128 bytes or less: never in pieces, and not streamed, as _streams streams the forward's blocks of
+    # STREAMING_STORE_MIN_BLOCK_BYTES or more: where a test sets that to 0, they are written with ordinary stores)
+    if L <= SHORT_ROW_VALUES:
         batch = SHORT_ROWS_BATCH_BYTES // (L * x.itemsize)
         for q0 in range(first, last, batch):
             nb = min(batch, last - q0)
             means, variances = mean[q0 : q0 + nb], var[q0 : q0 + nb]
             for j in range(nb):
-                means[j] = _sum(x[q0 + j]) / L if centered else 0.0
+                means[j] = _short_sum(x[q0 + j]) / L if centered else 0.0
             for j in range(nb):
-                variances[j] = _sum_sq_dev(x[q0 + j], means[j]) / L
+                variances[j] = _short_sum_sq_dev(x[q0 + j], means[j]) / L
             for j in range(nb):
                 rstd = 1.0 / math.sqrt(variances[j] + eps)
-                _normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
+                _short_normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
                 g = g + 1 if g + 1 < G else 0
         return
     pieces, piece = _row_pieces(L, x.itemsize)
@@ -1500,6 +1721,13 @@ def _forward_groups(
         q += step
 
 
+@numba.njit(inline="always")
+def _short_backward_rows(L, itemsize):
+    """Whether the backward takes rows of L values as vectors (``_short_row_dx_sums``...): rows of at most
+    SHORT_ROW_VALUES values and more than SHORT_ROW_LOOP_BACKWARD_BYTES (see ``_backward_rows_lean``)."""
+    return L <= SHORT_ROW_VALUES and L * itemsize > SHORT_ROW_LOOP_BACKWARD_BYTES
+
+
 @_item
 def _backward_rows(
     dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, terms, n_first, n_last, g_first, g_last,
@@ -1512,8 +1740,8 @@ def _backward_rows(
     (see ``_backward_rows_kernel``; ``_dx_row_to`` for what changes with it).
 
     Rows whose weight is one value repeated, with dweight and dbias (InstanceNorm's small maps), go through
-    ``_backward_rows_lean`` instead, and so do rows of several groups without them unless their dx streams
-    (``_backward_by_groups``): here the terms are per value.
+    ``_backward_rows_lean`` instead, and so do rows of several groups without them unless their dx streams and
+    they are not short (``_backward_by_groups``): here the terms are per value.
 
     Short rows go one at a time, unlike the forward's (``_forward_rows``): each n's rows as a batch, the sums of
     all, then the dx of all, took the float32 backward on 4x4 maps (4096, 64, 1, 16) 1.08-1.09 of the time hot
@@ -1566,6 +1794,16 @@ def _backward_rows_lean(
     the AMD Zen 4 VM) took the InstanceNorm backward on 4x4 maps (4096, 64, 1, 16) 0.77-0.79 of the time from cold
     caches (0.75-0.80 hot), float64 0.61; maps of 8 values 0.73 (float64 0.72), of 32 float32 values 0.76.
 
+    Rows of more than SHORT_ROW_LOOP_BACKWARD_BYTES and at most SHORT_ROW_VALUES values take their sums and dx each
+    as one vector (see "short rows"). ``benchmarks/compare_kernels.py --cold --floor`` (2 threads, the Intel VM,
+    three runs; new/twin 0.98-1.04) took the backward, with dweight/dbias or without, of float32 rows of 16 and 9
+    values ((N, 64, 1, S): InstanceNorm's maps) 0.83-0.96 and 0.76-0.88 of the time, of float64 rows of 16, 9, 8
+    and 5 values 0.93-0.98, 0.87-0.89, 0.89-1.02 and 0.83-0.90; hot, float32 rows of 16 values 0.84 and
+    0.88-0.96. Rows of 32 bytes or less keep the
+    loops: as vectors, float32 rows of 8, 4 and 2 values took 1.00-1.04, 1.07-1.13 and 1.18, float64 rows of 4
+    and 2 values 1.08 and 1.20-1.21 (a vector's fixed work outweighs a loop over so few values). In batches (the
+    sums of each n's rows, then their dx), the vectors took 1.05-1.26 of the time of the rows one at a time.
+
     A loop of its own, rather than a case of ``_backward_rows``'s: numba compiles the flags of that loop (stream,
     fixed, the kind of terms) as run-time values, and their branches cost these short rows more than their
     arithmetic. Against them inside that loop, ``benchmarks/compare_kernels.py --floor`` (the AMD VM of CPU family
@@ -1579,6 +1817,23 @@ def _backward_rows_lean(
     do not repay: 1.00 of the time there.)"""
     dy3, x3, dx3, w2 = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(w2)
     pw, pb = _borrowed(pw), _borrowed(pb)
+    # (a copy of the loop for each, its ``short`` a constant: with one loop testing a run-time flag, rows of 2-8
+    # values took 1.03-1.07 of the time)
+    if _short_backward_rows(x3.shape[2], x3.itemsize):
+        _lean_rows(
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, True
+        )
+    else:
+        _lean_rows(
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, False
+        )
+
+
+@numba.njit(error_model="numpy", inline="always")
+def _lean_rows(
+    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, short
+):
+    """``_backward_rows_lean``'s loop, short rows (``_short_backward_rows``) as vectors."""
     L = x3.shape[2]
     no_mask = np.empty(0, np.bool_)
     for n in range(n_first, n_last):
@@ -1590,7 +1845,10 @@ def _backward_rows_lean(
                     a, b, A, B = _dy_sums(dy3[n, g], x3[n, g], no_mask, False, wg[0], mu, r)
                 else:
                     # (with _run_dy_sums in place of this test, LLVM leaves the sums a call: 1.27 of the time)
-                    a, b = _row_dy_sums(dy3[n, g], x3[n, g], mu, r)
+                    if short:
+                        a, b = _short_row_dy_sums(dy3[n, g], x3[n, g], mu, r)
+                    else:
+                        a, b = _row_dy_sums(dy3[n, g], x3[n, g], mu, r)
                     A, B = wg[0] * a, wg[0] * b
                 pw[g, 0] += b
                 pb[g, 0] += a
@@ -1598,9 +1856,15 @@ def _backward_rows_lean(
                     A, B = 0.0, 0.0
             elif fixed:  # (no sums to take: with given statistics dx needs none)
                 A, B = 0.0, 0.0
+            elif short:
+                A, B = _short_row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
             else:
                 A, B = _row_dx_sums(dy3[n, g], x3[n, g], wg, mu, r)
-            _dx_row(dy3[n, g], x3[n, g], dx3[n, g], wg, mu, r, B / L, A / L if use_mean else 0.0, fixed)
+            proj, mdx = B / L, A / L if use_mean else 0.0
+            if short:
+                _short_dx_row(dy3[n, g], x3[n, g], dx3[n, g], wg, mu, r, proj, mdx, fixed)
+            else:
+                _dx_row(dy3[n, g], x3[n, g], dx3[n, g], wg, mu, r, proj, mdx, fixed)
 
 
 @_item
@@ -3017,8 +3281,10 @@ def _backward_by_groups(
     # Rows with a dweight/dbias term per row take the lean loop, their dx never streamed (where dx is big enough to
     # stream, _as_rows takes runs of at most 256 bytes as rows, below the 512 bytes of whole cache lines that a
     # streamed block needs: that changes nothing but under a test's limits); so do rows of several groups without
-    # terms, unless streamed (LayerNorm's and RMSNorm's rows, one group, have a compile of their own there)
-    if rows and (affine and terms_per_row or not affine and G > 1 and not stream):
+    # terms, unless streamed (LayerNorm's and RMSNorm's rows, one group, have a compile of their own there) and not
+    # short (the lean loop's vectors sum in an order of their own, and the bits must not depend on streaming)
+    short = _short_backward_rows.py_func(L, x3.itemsize)
+    if rows and (affine and terms_per_row or not affine and G > 1 and (short or not stream)):
         _kernel("lean rows backward", x3.size)(dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb)
     elif rows:
         g_blocks, per_block = _row_blocks.py_func(G, n_chunks)
