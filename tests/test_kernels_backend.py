@@ -1780,3 +1780,34 @@ def test_aten_layer_norm_errors_against_the_float64_reference():
         assert all(0 < e < 1e-6 for e in centred[name]), (name, centred)
     assert all(e < 1e-6 for e in shifted["numba"]), shifted
     assert all(e > 1e-5 for e in shifted["aten"]), shifted
+
+
+def test_short_rows_are_vectors_only_with_masked_vector_instructions(monkeypatch):
+    """The short rows' vectors need masked vector loads and stores (AVX2, AVX-512): the features numba compiles
+    for decide, NUMBA_CPU_FEATURES if set (NUMBA_CPU_NAME=generic sets none), else the host's."""
+    from minigrad_norm.kernels import numba_cpu
+
+    for features, vectors in (("", False), ("+sse2,+avx", False), ("+sse2,+avx2", True), ("+avx512f", True)):
+        monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
+        assert numba_cpu._masked_vector_instructions() is vectors, features
+
+
+def test_short_rows_take_the_loops_without_masked_vector_instructions(tmp_path):
+    """Compiled for a CPU without them (NUMBA_CPU_NAME=generic), short rows take the loops: forward and backward of
+    InstanceNorm's 4x4 maps the reference's."""
+    code = """
+        import numpy as np
+        from minigrad_norm.kernels import numba_cpu, reference
+        x, dy = np.random.default_rng(0).standard_normal((2, 64, 8, 1, 16)).astype(np.float32)
+        w = np.linspace(0.5, 2.0, 8, dtype=np.float32).reshape(8, 1)
+        y, mean, var = numba_cpu.norm_forward(x, w, w, 1e-5)
+        want = reference.norm_forward(x, w, w, 1e-5)
+        rstd = 1 / np.sqrt(want[2] + 1e-5)
+        grads = numba_cpu.norm_backward(dy, x, want[1], rstd, w)
+        close = [np.allclose(g, v, rtol=1e-5, atol=1e-5) for g, v in zip((y, mean, var), want)]
+        wants = reference.norm_backward(dy, x, want[1], rstd, w)
+        close += [np.allclose(g, v, rtol=1e-5, atol=1e-5) for g, v in zip(grads, wants)]
+        print(numba_cpu.SHORT_ROWS_AS_VECTORS, all(close))
+    """
+    out = run_python(code, NUMBA_CACHE_DIR=str(tmp_path), NUMBA_CPU_NAME="generic").stdout.split()
+    assert out == ["False", "True"]

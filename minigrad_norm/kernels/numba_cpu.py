@@ -224,8 +224,9 @@ MOMENTS_PIECE = 1024
 STREAM_CHUNK_BYTES = 4096
 # A row's dweight/dbias terms are summed in x's dtype over blocks of this many rows, then in float64: see _fold_terms.
 TERM_BLOCK_ROWS = 8
-# Rows of at most this many values go in one (masked) vector each: see "short rows" below. The backward keeps its
-# loops for rows of at most SHORT_ROW_LOOP_BACKWARD_BYTES: see _backward_rows_lean.
+# Rows of at most this many values go in one (masked) vector each, on CPUs with masked vector loads and stores
+# (SHORT_ROWS_AS_VECTORS): see "short rows" below. The backward keeps its loops for rows of at most
+# SHORT_ROW_LOOP_BACKWARD_BYTES: see _backward_rows_lean.
 SHORT_ROW_VALUES = 16
 SHORT_ROW_LOOP_BACKWARD_BYTES = 32
 # columns of a piece of the few rows' backward (``_backward_few_rows_kernel``); the forward takes rows of at least
@@ -240,6 +241,20 @@ _MIN_ROWS_PER_CHUNK = 32  # (rows: see _n_chunks)
 _MIN_ROWS_PER_COLUMN_CHUNK = 16
 _TARGET_ITEMS = 64
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _masked_vector_instructions() -> bool:
+    """Whether the CPU numba compiles for (its NUMBA_CPU_FEATURES, else the host's) has masked vector loads and
+    stores, which the short rows' vectors need: AVX2 or AVX-512 on x86. Elsewhere LLVM splits each into a test and
+    a load or store per lane: with NUMBA_CPU_NAME=generic (no features: SSE2), ``benchmarks/compare_kernels.py``
+    took InstanceNorm's 4x4 maps as vectors 2.2-2.6x the loops' time."""
+    features = numba.config.CPU_FEATURES
+    if features is None:
+        features = llvm.get_host_cpu_features().flatten()
+    return bool({"+avx2", "+avx512f"} & set(features.split(",")))
+
+
+SHORT_ROWS_AS_VECTORS = _masked_vector_instructions()
 
 _sum_flags = {"reassoc"}
 _helper = numba.njit(error_model="numpy", fastmath=_sum_flags, inline="never")
@@ -473,7 +488,8 @@ def _stream_copy(src, dst):
 # stores: a lane past the row's end touches no memory (it reads as 0 and is not written), so there is no fault
 # at the end of an array and no write into the next row, which another thread may own. Each does what the loop
 # named in its docstring does, value for value the same operations in the same types; only its sums add in an
-# order of their own (``_ShortRow.sum``).
+# order of their own (``_ShortRow.sum``). Only where the CPU has masked vector instructions (SHORT_ROWS_AS_VECTORS:
+# x86's AVX2 and AVX-512); elsewhere the rows take the loops.
 
 
 class _ShortRow:
@@ -1508,13 +1524,19 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, 
         for q0 in range(first, last, batch):
             nb = min(batch, last - q0)
             means, variances = mean[q0 : q0 + nb], var[q0 : q0 + nb]
+            # (SHORT_ROWS_AS_VECTORS, a constant: LLVM drops the other branch)
             for j in range(nb):
-                means[j] = _short_sum(x[q0 + j]) / L if centered else 0.0
+                xj = x[q0 + j]
+                means[j] = (_short_sum(xj) if SHORT_ROWS_AS_VECTORS else _sum(xj)) / L if centered else 0.0
             for j in range(nb):
-                variances[j] = _short_sum_sq_dev(x[q0 + j], means[j]) / L
+                xj, mu = x[q0 + j], means[j]
+                variances[j] = (_short_sum_sq_dev(xj, mu) if SHORT_ROWS_AS_VECTORS else _sum_sq_dev(xj, mu)) / L
             for j in range(nb):
                 rstd = 1.0 / math.sqrt(variances[j] + eps)
-                _short_normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
+                if SHORT_ROWS_AS_VECTORS:
+                    _short_normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
+                else:
+                    _normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
                 g = g + 1 if g + 1 < G else 0
         return
     pieces, piece = _row_pieces(L, x.itemsize)
@@ -1724,8 +1746,9 @@ def _forward_groups(
 @numba.njit(inline="always")
 def _short_backward_rows(L, itemsize):
     """Whether the backward takes rows of L values as vectors (``_short_row_dx_sums``...): rows of at most
-    SHORT_ROW_VALUES values and more than SHORT_ROW_LOOP_BACKWARD_BYTES (see ``_backward_rows_lean``)."""
-    return L <= SHORT_ROW_VALUES and L * itemsize > SHORT_ROW_LOOP_BACKWARD_BYTES
+    SHORT_ROW_VALUES values and more than SHORT_ROW_LOOP_BACKWARD_BYTES (see ``_backward_rows_lean``), on a CPU
+    with masked vector instructions (SHORT_ROWS_AS_VECTORS)."""
+    return SHORT_ROWS_AS_VECTORS and L <= SHORT_ROW_VALUES and L * itemsize > SHORT_ROW_LOOP_BACKWARD_BYTES
 
 
 @_item
