@@ -229,11 +229,12 @@ TERM_BLOCK_ROWS = 8
 # SHORT_ROW_LOOP_BACKWARD_BYTES: see _backward_rows_lean.
 SHORT_ROW_VALUES = 16
 SHORT_ROW_LOOP_BACKWARD_BYTES = 32
+# The forward takes such rows in batches of this many bytes: see _forward_rows.
+SHORT_ROWS_BATCH_BYTES = 4096
 # columns of a piece of the few rows' backward (``_backward_few_rows_kernel``); the forward takes rows of at least
 # ROW_PIECES_MIN_BYTES in such pieces (``_forward_rows_kernel``)
 ROW_PIECE_BYTES = 16 * 1024
 ROW_PIECES_MIN_BYTES = 2**20
-SHORT_ROWS_BATCH_BYTES = 4096
 # dweight/dbias partial buffers: at least this many (n, s) terms per chunk entry, at most this many chunks
 # (and at most this many work items in the forward).
 _MIN_TERMS_PER_CHUNK = 16
