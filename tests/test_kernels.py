@@ -541,6 +541,42 @@ def test_blocks_of_short_runs_as_rows(monkeypatch, dtype, centered, eval_stats, 
         check_case({**case, "centered": centered, "need_affine_grads": need_affine_grads})
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("eval_stats", [False, True])
+def test_the_forward_takes_blocks_the_row_loop_prefetches_as_rows(monkeypatch, dtype, eval_stats):
+    """Where the forward row loop prefetches rows (PREFETCH_MAX_ROW_BYTES, Intel CPUs), blocks of at most that
+    many bytes go to it as rows whatever their runs, for an x of ROWS_PREFETCHED_MIN_X_BYTES or more (an x of
+    exactly that size does, one a byte bigger than the x does not); elsewhere, and for longer blocks, BatchNorm
+    or a mask, the runs' limits stand. The backward's routing does not change with it. The forward so routed
+    keeps the reference's values."""
+    itemsize = np.dtype(dtype).itemsize
+    prefetches = numba_cpu.PREFETCH_MAX_ROW_BYTES == 2048
+    views = {  # view: whether it goes as rows where the row loop prefetches (x of at least the floor)
+        (40, 6, 8, 32): True,  # several runs of 128 or 256 bytes, in blocks of 1 or 2 KiB
+        (30, 6, 1, 384 // itemsize): True,  # InstanceNorm's one run of 384 bytes
+        (8, 3, 2, 1024 // itemsize): True,  # a block of 2 KiB
+        (8, 3, 2, 1040 // itemsize): False,  # 2080 bytes
+    }
+    for view, prefetched in views.items():
+        x_bytes = int(np.prod(view)) * itemsize
+        backward = [numba_cpu._as_rows(view, itemsize, False, None, backward=True, dweight=d) for d in (True, False)]
+        for floor, rows in ((x_bytes, prefetched and prefetches), (x_bytes + 1, False)):
+            monkeypatch.setattr(numba_cpu, "ROWS_PREFETCHED_MIN_X_BYTES", floor)
+            assert numba_cpu._as_rows(view, itemsize, False, None, backward=False, dweight=False) == rows, view
+            assert not numba_cpu._as_rows(view, itemsize, True, None, backward=False, dweight=False)
+            assert not numba_cpu._as_rows(view, itemsize, False, np.ones((view[0], 1), bool), False, False)
+            assert backward == [
+                numba_cpu._as_rows(view, itemsize, False, None, backward=True, dweight=d) for d in (True, False)
+            ]
+        monkeypatch.setattr(numba_cpu, "ROWS_PREFETCHED_MIN_X_BYTES", 0)
+        rng = np.random.default_rng(5)
+        x = (rng.standard_normal(view) + np.array([3.0, -200.0, 0.25] * 2)[: view[1], None, None]).astype(dtype)
+        w = rng.standard_normal(view[1:3]).astype(dtype)
+        dy = rng.standard_normal(view).astype(dtype)
+        case = dict(x=x, dy=dy, weight=w, bias=w[::-1].copy(), mask=None, reduce_batch=False, eval_stats=eval_stats)
+        check_case({**case, "centered": True, "need_affine_grads": True})
+
+
 def test_the_backward_routes_short_runs_by_the_size_of_x(monkeypatch):
     """The backward's row limits of ``_as_rows`` go by x's bytes, N * G * K * S * itemsize, against
     ROWS_LARGE_X_BYTES: an x of exactly that size takes the lower limits (blocks of several runs of 128 bytes, with

@@ -1505,7 +1505,7 @@ def test_bench_small_maps_time_the_blocks_taken_as_rows():
     """The 4x4-map cases are there to time InstanceNorm's and GroupNorm's blocks of short runs in the row loops
     (``numba_cpu._as_rows``): the float32 forward and backward (runs of 64 bytes), and InstanceNorm's float64
     backward (one run of 128 bytes). GroupNorm's float64 backward, whose x of 32 MiB comes from DRAM, goes to the
-    blocks' loop (runs of 128 bytes)."""
+    blocks' loop (runs of 128 bytes); its forward too, but where the row loop prefetches its blocks of 1 KiB."""
     from minigrad_norm.kernels import numba_cpu
 
     small = [c for c in bench.listed_cases() if c.shape[2:] == (4, 4)]
@@ -1515,6 +1515,8 @@ def test_bench_small_maps_time_the_blocks_taken_as_rows():
         assert numba_cpu._as_rows(c.view, 4, c.reduce_batch, None, backward=False, dweight=False)
         assert numba_cpu._as_rows(c.view, 4, c.reduce_batch, None, backward=True, dweight=True)
         assert numba_cpu._as_rows(c.view, 8, c.reduce_batch, None, backward=True, dweight=True) == (c.view[2] == 1)
+        prefetched = numba_cpu.PREFETCH_MAX_ROW_BYTES >= 1024
+        assert numba_cpu._as_rows(c.view, 8, c.reduce_batch, None, backward=False, dweight=False) == prefetched
 
 
 def test_bench_only_selects_norms():

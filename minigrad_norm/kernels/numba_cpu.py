@@ -83,7 +83,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
   of their own (a LayerNorm compiles none of the other blocks' loops); so do the blocks of short runs
   (InstanceNorm and GroupNorm on small maps), with the weight repeated over each run (``_as_rows``). A row of
   at most SHORT_ROW_VALUES values is one vector, read and written by masked loads and stores (see "short
-  rows"). On Intel CPUs the forward row loop prefetches rows of up to 2 KiB (see ``_rows_ahead``); the forward
+  rows"). On Intel CPUs the forward row loop prefetches rows of up to 2 KiB (see ``_rows_ahead``), and takes
+  blocks of up to 2 KiB as rows whatever their runs (for an x of 4 MiB or more); the forward
   of other blocks computes their statistics two blocks at a time (see ``_forward_groups``; the backward of a BatchNorm
   channel's blocks takes its sums so too, ``_backward_sums_pair``), blocks too long for L1 a piece at a time,
   each piece's two passes merged by Chan's update (``_pair_moments``), and, when it streams its output,
@@ -209,6 +210,9 @@ ROWS_MAX_RUN_BYTES_BACKWARD = (128, 64)
 ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS = (256, 128)
 ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN = (2048, 256)
 ROWS_LARGE_X_BYTES = STREAMING_STORE_MIN_BYTES
+# Where the forward row loop prefetches (PREFETCH_MAX_ROW_BYTES), blocks of at most that many bytes go to it
+# whatever their runs, for an x of at least this many bytes (more than two cores' L2 hold): see _as_rows.
+ROWS_PREFETCHED_MIN_X_BYTES = 4 * 2**20
 # The columns forward reads the batch in tiles of rows of at most this many bytes, read twice from L2: see
 # _column_moments.
 COLUMNS_TILE_BYTES = 256 * 1024
@@ -3027,16 +3031,31 @@ def _as_rows(
     to 8 MiB: one run of 512 bytes 0.76-0.98, several runs of 128 bytes with dweight/dbias 0.70-1.03 (at 8 MiB on
     2 threads, 1.32); at 16 MiB the blocks won hot too (1.09-1.77). So a smaller x keeps the first limits, though
     from cold caches the blocks won at those sizes as well (1.11-1.26 and 1.17-1.72): such an x, if it does come
-    from DRAM, pays for the choice."""
+    from DRAM, pays for the choice.
+
+    The forward's limits were measured on the AMD VM, where the row loop does not prefetch. On Intel CPUs it
+    prefetches rows of up to PREFETCH_MAX_ROW_BYTES (``_rows_ahead``), which the blocks' loop does not, and there
+    blocks that short go as rows whatever their runs, for an x of ROWS_PREFETCHED_MIN_X_BYTES or more.
+    ``compare_kernels.py --cold`` (2 threads, the Intel VM, the routing of HEAD against this one, new/twin
+    0.96-1.05), rows/blocks: GroupNorm float64 (4096, 8, 8, 16) (runs of 128 bytes, rows of 1 KiB, the
+    benchmark's 4x4 maps) 0.66 of the time, (1024, 32, 2, 16) 0.76, (2048, 8, 8, 32) 0.84; float32 (2048, 8, 8,
+    32) 0.64-0.66, (512, 16, 8, 32) 0.69, (1024, 8, 8, 64) 0.82-0.85; InstanceNorm float32 rows of 256 bytes to 2
+    KiB 0.74-0.88, float64 of 512 bytes and 1 KiB 0.84, of 2 KiB 0.91 and 1.04. Rows longer than 2 KiB lost:
+    float32 (256, 8, 8, 128) 1.12, float64 (1024, 8, 8, 64) 1.08, (256, 8, 8, 128) 1.10. Hot, x of 4-16 MiB:
+    0.69-0.97 but InstanceNorm float64 rows of 2 KiB (8 MiB) 1.08 and (16 MiB) 1.00; x of 1-2 MiB, whose x and y
+    stay in the two L2s: float64 InstanceNorm rows of 2 KiB 1.07-1.10, GroupNorm (64, 8, 8, 32) 1.06-1.08, (512,
+    8, 8, 16) 0.80 and 1.08 in two runs, float32 0.77-1.05: hence the floor on x's size."""
     N, G, K, S = shape
-    large = N * G * K * S * itemsize >= ROWS_LARGE_X_BYTES
+    x_bytes = N * G * K * S * itemsize
+    large = x_bytes >= ROWS_LARGE_X_BYTES
+    prefetched = not backward and x_bytes >= ROWS_PREFETCHED_MIN_X_BYTES and K * S * itemsize <= PREFETCH_MAX_ROW_BYTES
     if not backward:
         max_run = ROWS_MAX_RUN_BYTES_FORWARD_ONE_RUN if K == 1 else ROWS_MAX_RUN_BYTES_FORWARD
     elif K == 1:
         max_run = ROWS_MAX_RUN_BYTES_BACKWARD_ONE_RUN[large]
     else:
         max_run = (ROWS_MAX_RUN_BYTES_BACKWARD if dweight else ROWS_MAX_RUN_BYTES_BACKWARD_NO_AFFINE_GRADS)[large]
-    return not reduce_batch and mask is None and S > 1 and S * itemsize <= max_run
+    return not reduce_batch and mask is None and S > 1 and (prefetched or S * itemsize <= max_run)
 
 
 def _valid_rows_of(mask: np.ndarray | None, N: int) -> np.ndarray:
