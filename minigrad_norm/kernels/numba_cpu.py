@@ -2116,13 +2116,19 @@ def _column_moments(x2, valid, has_mask, n_first, n_last, out):
     tile_m2, 16 bytes per position, and the row; float32 rows of 1434 values or more, float64 of 1195) go four at
     a time, as in ``_column_dy_sums``: ``compare_kernels.py --cold`` took the float32 forward of (4096, 2048) 0.85
     and 0.96 of the time in two runs, (2048, 4096) 0.84, float64 (4096, 2048) 0.88-0.94 (two copies of the same
-    code 1.00-1.02); but rows of 1024 float32 values, 20 KiB of sums and row, 1.09 (8192, 1024)."""
+    code 1.00-1.02); but rows of 1024 float32 values, 20 KiB of sums and row, 1.09 (8192, 1024). That measured
+    both passes so; the second, which reads the tile from L2 and does more per value, now takes rows of any length
+    four at a time (one load and store of tile_m2[p] and one c for four rows): ``compare_kernels.py --cold``
+    (the Intel VM, 2 threads, new/twin 0.94-1.03) took the forward of float32 (8192, 1024) 0.93, (65536, 64),
+    (16384, 512) and (32768, 96) 0.95-0.96, float64 0.95-0.96; hot 0.93-1.01 ((256, 512): 1.00). (Alone, with
+    x from DRAM, this pass took 1.5-1.6x the time of a pass that only sums the columns; the next tile prefetched
+    into L2 while the second pass runs did not close that: the forward 1.00-1.03.)"""
     x2, out = _borrowed(x2), _borrowed(out)
     P = x2.shape[1]
     total, m2 = out[0], out[1]
     tile_sum, tile_m2 = np.empty(P), np.empty(P)
     rows = max(1, COLUMNS_TILE_BYTES // max(1, P * x2.itemsize))
-    by_four = _four_rows(P, 16 + x2.itemsize)  # (tile_sum, tile_m2 and the row)
+    by_four = _four_rows(P, 16 + x2.itemsize)  # (the first pass; tile_sum, tile_m2 and the row)
     total[:] = 0.0
     m2[:] = 0.0
     n_a = 0
@@ -2151,7 +2157,7 @@ def _column_moments(x2, valid, has_mask, n_first, n_last, out):
         first, stop = _valid_run(valid, has_mask, t0, t1)
         while first < stop:
             n = first
-            while by_four and n + 4 <= stop:
+            while n + 4 <= stop:
                 xa, xb, xc, xd = x2[n], x2[n + 1], x2[n + 2], x2[n + 3]
                 for p in range(P):
                     c = tile_sum[p] * inv_b
