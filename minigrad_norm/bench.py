@@ -408,7 +408,7 @@ def kernel_runner(kernels: Any, p: Problem, direction: str, preallocated: bool) 
 
     def fwd_bwd() -> Any:
         _, mean, var = fwd()
-        return bwd(mean, 1.0 / np.sqrt(var + EPS))
+        return bwd(mean, kernels.rstd(var, EPS))
 
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}[direction]
 

@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from minigrad_norm.kernels import numba_cpu, reference
 from minigrad_norm.kernels.buffers import BufferPool, aligned_empty
@@ -1477,6 +1478,62 @@ def test_erf_equals_reference(dtype, seed, n):
     # numba's math.erf is its own port of erf, not the C library's: the two differ in the last bit
     # now and then, so the float64 results (and after rounding, the float32 ones) may differ by 1 ULP
     np.testing.assert_array_max_ulp(got[1:], want[1:], maxulp=1)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt:RuntimeWarning")  # NumPy on var + eps < 0
+@pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")  # NumPy on var + eps == 0
+@given(
+    hnp.arrays(
+        np.float64,
+        hnp.array_shapes(min_dims=1, max_dims=3, max_side=40),
+        elements=st.one_of(
+            st.floats(0, 1e300),
+            st.sampled_from([0.0, -0.0, 5e-324, -1e-5, -1.0, np.inf, -np.inf, np.nan]),
+        ),
+    ),
+    st.sampled_from([1e-5, 0.0, 1e-12, 1, np.float32(1e-3)]),
+    st.booleans(),
+)
+def test_rstd_equals_reference_to_the_bit(var, eps, strided):
+    """rstd = 1 / sqrt(var + eps): an addition, a square root and a division, each correctly rounded in both
+    backends, so the same bits, NaN and inf in the same places (a negative var + eps gives NaN, a zero one inf);
+    var left as it was. A strided view goes through too."""
+    var = var[..., ::2] if strided else var
+    before = var.copy()
+    got = numba_cpu.rstd(var, eps)
+    want = reference.rstd(var, eps)
+    assert got.shape == want.shape == var.shape and got.dtype == want.dtype == np.float64
+    np.testing.assert_array_equal(got.view(np.int64) if got.size else got, want.view(np.int64) if want.size else want)
+    np.testing.assert_array_equal(var, before)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt:RuntimeWarning")  # NumPy on var + eps < 0
+@pytest.mark.parametrize("n", [numba_cpu.RSTD_PARALLEL_MIN_ELEMENTS - 1, numba_cpu.RSTD_PARALLEL_MIN_ELEMENTS])
+def test_rstd_in_parallel_equals_reference_to_the_bit(n):
+    """Both sides of RSTD_PARALLEL_MIN_ELEMENTS (the serial and the parallel compile), values over many
+    binades, and against the formula written out in Python's own float arithmetic for a few."""
+    var = np.random.default_rng(3).uniform(-1, 1, n) ** 3 * 10.0 ** np.random.default_rng(4).integers(-30, 30, n)
+    got = numba_cpu.rstd(var.reshape(-1, 1), 1e-5)
+    np.testing.assert_array_equal(got.view(np.int64), reference.rstd(var.reshape(-1, 1), 1e-5).view(np.int64))
+    for i in np.flatnonzero(var + 1e-5 > 0)[:5]:
+        assert got[i, 0] == 1.0 / math.sqrt(float(var[i]) + 1e-5)
+
+
+@pytest.mark.parametrize("mod", [numba_cpu, reference], ids=["numba", "reference"])
+def test_rstd_takes_other_dtypes_and_refuses_bad_arguments(mod):
+    """float32 var computes in float32 as NumPy does (the numba backend hands it to the reference), complex var
+    (the complex step) in complex; integers and text refused as the norms refuse them."""
+    var32 = np.array([0.5, 2.0, 0.0], np.float32)
+    assert mod.rstd(var32, 1e-3).dtype == np.float32
+    np.testing.assert_array_equal(mod.rstd(var32, 1e-3), np.float32(1) / np.sqrt(var32 + np.float32(1e-3)))
+    assert mod.rstd(np.array([4.0 + 0j]), 0.0) == 0.5
+    assert type(mod.rstd(np.float64(4.0), 0.0)) is np.float64  # (a scalar in, a scalar out, as NumPy's)
+    with pytest.raises(TypeError, match="rstd: var must be a floating-point array, got dtype int64"):
+        mod.rstd(np.array([1, 2]), 1e-5)
+    with pytest.raises(TypeError, match="rstd: eps must be a real number, got '1e-5'"):
+        mod.rstd(np.ones(3), "1e-5")
+    with pytest.raises(TypeError, match="rstd: var must be an ndarray, got list"):
+        mod.rstd([1.0], 1e-5)
 
 
 @pytest.mark.parametrize("mod", [numba_cpu, reference], ids=["numba", "reference"])

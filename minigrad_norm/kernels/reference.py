@@ -61,6 +61,14 @@ def erf(x: np.ndarray) -> np.ndarray:
     return _erf(x).astype(x.dtype, copy=False)
 
 
+def rstd(var: np.ndarray, eps: float) -> np.ndarray:
+    """rstd = 1 / sqrt(var + eps), elementwise (eps inside the square root, as PyTorch): the factor by which the
+    forward scales x - mean, from the var it returns, for the backward."""
+    check_numeric("rstd", "var", var)
+    check_eps_type("rstd", eps)
+    return 1.0 / np.sqrt(var + eps)
+
+
 # ---------------------------------------------------------------------------
 # the arguments' contract, checked by both backends before any work
 
@@ -207,8 +215,8 @@ def norm_forward(
     else:
         mean, var = (_as_stat4(s, reduce_batch).astype(acc, copy=False) for s in stats)
         xc = xa - mean
-    rstd = 1.0 / np.sqrt(var + eps)
-    y = xc * rstd
+    r = rstd(var, eps)
+    y = xc * r
     if weight is not None:
         y = y * weight[None, :, :, None]
     if bias is not None:

@@ -136,7 +136,7 @@ class Normalize(Function):
         )
         if running is not None and stats is None:
             running.update(mean, var, group_count(view, reduce_batch, mask))
-        rstd = 1.0 / np.sqrt(var + eps)
+        rstd = kernels_for(var).rstd(var, eps)
         ctx.save_for_backward(x4, mean, rstd, w2)
         # the mask copied, as the given statistics are: a later write into it cannot reach the backward
         mask = None if mask is None else mask.copy()
