@@ -578,6 +578,32 @@ def test_the_forward_takes_blocks_the_row_loop_prefetches_as_rows(monkeypatch, d
         check_case({**case, "centered": True, "need_affine_grads": True})
 
 
+def test_the_forward_row_loop_prefetches_streamed_rows_of_up_to_16_kib():
+    """How many rows ahead the forward row loop prefetches (``_rows_ahead``): on Intel CPUs rows of up to 2 KiB
+    2 KiB ahead, streamed or not, and float32 rows of up to 16 KiB whose output streams 8 KiB ahead, at least one
+    row; rows a value longer, not streamed, or of float64 values, none. Elsewhere none at all."""
+    ahead = numba_cpu._rows_ahead.py_func
+    intel = numba_cpu.PREFETCH_MAX_ROW_BYTES == 2048
+    assert (numba_cpu.PREFETCH_MAX_STREAMED_ROW_BYTES == 16 * 1024) == intel
+    for itemsize in (4, 8):
+        kib = 1024 // itemsize  # values in 1 KiB
+        for L, plain, streamed in (
+            (1, 2048 // itemsize, 2048 // itemsize),
+            (kib // 2, 4, 4),
+            (2 * kib, 1, 1),
+            (2 * kib + 1, 0, 3),  # (8 KiB // 2052 or 2056 bytes)
+            (4 * kib, 0, 2),
+            (8 * kib, 0, 1),
+            (12 * kib, 0, 1),
+            (16 * kib, 0, 1),
+            (16 * kib + 1, 0, 0),
+            (0, 0, 0),
+        ):
+            assert ahead(L, itemsize, False) == (plain if intel else 0), (L, itemsize)
+            long_float64 = itemsize == 8 and L * itemsize > 2048
+            assert ahead(L, itemsize, True) == (streamed if intel and not long_float64 else 0), (L, itemsize)
+
+
 def test_the_backward_routes_short_runs_by_the_size_of_x(monkeypatch):
     """The backward's row limits of ``_as_rows`` go by x's bytes, N * G * K * S * itemsize, against
     ROWS_LARGE_X_BYTES: an x of exactly that size takes the lower limits (blocks of several runs of 128 bytes, with

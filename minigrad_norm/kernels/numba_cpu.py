@@ -83,12 +83,12 @@ Design points, each one tested in ``tests/test_kernels.py``:
   of their own (a LayerNorm compiles none of the other blocks' loops); so do the blocks of short runs
   (InstanceNorm and GroupNorm on small maps), with the weight repeated over each run (``_as_rows``). A row of
   at most SHORT_ROW_VALUES values is one vector, read and written by masked loads and stores (see "short
-  rows"). On Intel CPUs the forward row loop prefetches rows of up to 2 KiB (see ``_rows_ahead``), and takes
-  blocks of up to 2 KiB as rows whatever their runs (for an x of 4 MiB or more); the forward
-  of other blocks computes their statistics two blocks at a time (see ``_forward_groups``; the backward of a BatchNorm
-  channel's blocks takes its sums so too, ``_backward_sums_pair``), blocks too long for L1 a piece at a time,
-  each piece's two passes merged by Chan's update (``_pair_moments``), and, when it streams its output,
-  prefetches the next block into L2 while it writes one (``_block_ahead``). The dweight/dbias sums over (n, s)
+  rows"). On Intel CPUs the forward row loop prefetches rows of up to 2 KiB (see ``_rows_ahead``; float32 rows of up
+  to 16 KiB where it streams its output), and takes blocks of up to 2 KiB as rows whatever their runs (for an x of 4
+  MiB or more); the forward of other blocks computes their statistics two blocks at a time (see ``_forward_groups``;
+  the backward of a BatchNorm channel's blocks takes its sums so too, ``_backward_sums_pair``), blocks too long for L1
+  a piece at a time, each piece's two passes merged by Chan's update (``_pair_moments``), and, when it streams its
+  output, prefetches the next block into L2 while it writes one (``_block_ahead``). The dweight/dbias sums over (n, s)
   go through per-chunk (per-item) float64 partial buffers ``(n_chunks, G, K)``, summed at the end in chunk
   order. ``n_chunks`` depends only on the shape, never on the thread count, so
   the result is bit-identical on 1 or many threads.
@@ -200,9 +200,13 @@ STREAMING_STORE_MIN_ALIGNED_BLOCK_BYTES = 512
 # of STREAMING_STORE_MIN_BLOCK_BYTES, which the Python side reads: a run that long streams on its own.)
 STREAMED_RUN_MIN_BYTES = 2048
 # The forward row loop (LayerNorm, RMSNorm) prefetches rows of at most this many bytes, this far ahead, on Intel
-# CPUs only (on AMD's it measured slower): see _rows_ahead.
-PREFETCH_MAX_ROW_BYTES = 2048 if cpu_identity().get("vendor") == "GenuineIntel" else 0
+# CPUs only (on AMD's it measured slower): see _rows_ahead. Float32 rows of up to PREFETCH_MAX_STREAMED_ROW_BYTES
+# it prefetches PREFETCH_STREAMED_DISTANCE_BYTES ahead too, when it streams their output out.
+_INTEL = cpu_identity().get("vendor") == "GenuineIntel"
+PREFETCH_MAX_ROW_BYTES = 2048 if _INTEL else 0
 PREFETCH_DISTANCE_BYTES = 2048
+PREFETCH_MAX_STREAMED_ROW_BYTES = 16 * 1024 if _INTEL else 0
+PREFETCH_STREAMED_DISTANCE_BYTES = 8 * 1024
 # BatchNorm in runs shorter than this many bytes walks the batch in memory order: see the columns kernels.
 COLUMNS_MAX_RUN_BYTES = 128
 # Blocks with statistics of their own in runs of at most this many bytes go to the row loops: see _as_rows. The
@@ -399,9 +403,11 @@ def _prefetch_lines(run, level):
 
 
 @numba.njit(inline="always")
-def _rows_ahead(L, itemsize):
+def _rows_ahead(L, itemsize, stream):
     """How many rows of L values ahead the forward row loop prefetches: about PREFETCH_DISTANCE_BYTES,
-    and none (0) for rows longer than PREFETCH_MAX_ROW_BYTES (0 but on Intel CPUs: see the end).
+    and none (0) for rows longer than PREFETCH_MAX_ROW_BYTES (0 but on Intel CPUs: see the end); where it
+    streams the rows' output (``stream``), float32 rows of up to PREFETCH_MAX_STREAMED_ROW_BYTES about
+    PREFETCH_STREAMED_DISTANCE_BYTES ahead (0 but on Intel CPUs: see "Streamed rows" below).
 
     Between reading one row and the next, the forward does a row's worth of work that depends on the
     whole row (its mean, then its variance, a square root and a division: about 90 ns for 128 float64
@@ -419,9 +425,10 @@ def _rows_ahead(L, itemsize):
     0.93-0.98 cold and hot, of 512, 2048 and 4096 values 1.04-1.11, float64 rows 0.98-1.09).
     From cold caches (``compare_kernels.py --cold``), prefetching rows of up to 16 KiB, 8 KiB ahead,
     took float32 rows of 768, 1024 and 4096 values 0.90-0.93, 0.90-0.92 and 0.94 of the time, but hot
-    1.04, 1.15 and 1.09; float64 rows gained nothing cold (0.95-1.04). Not taken: a trade of the hot
-    loop for the cold call. (Nor a BatchNorm forward prefetching the next channel into L2 while it
-    normalizes one: 0.95-1.03 cold, 1.09 hot; on the AMD VM it is taken, see ``_block_ahead``. Nor, for
+    1.04, 1.15 and 1.09; float64 rows gained nothing cold (0.95-1.04). A trade of the hot loop for the cold
+    call: taken only where the output streams (see "Streamed rows"). (Nor a BatchNorm forward prefetching the next
+    channel into L2 while it normalizes one: 0.95-1.03 cold, 1.09 hot; on the AMD VM it is taken, see
+    ``_block_ahead``. Nor, for
     InstanceNorm/GroupNorm/BatchNorm, the first 16 KiB of the next block into L1, and for rows up to 16
     KiB the next row, only for inputs of 16 MiB or more: a pass that only sums float32 blocks of 3136
     values took 1.05 ms instead of 1.56 from cold caches, but the whole forward 0.91-0.99 (InstanceNorm,
@@ -440,11 +447,26 @@ def _rows_ahead(L, itemsize):
     512x4096, cold), but on the AMD VM of CPU family 26 (Zen 5, LLVM's ``znver5``) float32 1.21 cold and
     1.13 hot, float64 1.00 and 0.98; on the Zen 4 VM (family 25), for streamed rows of 8 KiB or more, float64
     rows of 8 and 12 KiB 0.87-0.92 cold, of 16 and 32 KiB 0.95-1.01, but float32 rows of 8, 12 and 16 KiB
-    1.05, 1.08 and 0.98-1.08 (and of 4 KiB 1.00-1.03): a gain for one dtype at a few lengths, not taken."""
+    1.05, 1.08 and 0.98-1.08 (and of 4 KiB 1.00-1.03): a gain for one dtype at a few lengths, not taken.
+
+    Streamed rows: where the loop streams its output (an output of STREAMING_STORE_MIN_BYTES or more, taken not to
+    stay in the cache, and so an x as big, most likely streamed to memory by the kernel that wrote it, as in
+    ``_block_ahead``), float32 rows of 2-16 KiB are prefetched 8 KiB ahead. ``benchmarks/compare_kernels.py HEAD
+    --cold --floor`` (2 threads, the Intel VM, new/twin 0.94-1.05) took the forward of float32 LayerNorm 8192x1024
+    0.93, 0.95 and 0.95 of the time in three runs, 16384x1024 0.94 and 0.97; hot (in this VM's large L3) 0.98-0.99.
+    Float64 rows are left out: 8192x1024 cold 0.89, 0.96, 1.01, 4096x768 (24 MiB) 0.89-0.94, but hot 1.13 and
+    0.97, 1.06-1.07 (float64 rows of 1024 values carry half the arithmetic a byte that float32 rows do, and their
+    forward already ran at 94-97% of a copy's rate there). Prefetched ahead of the rows of the unstreamed sizes,
+    4-16 MiB, the float32 forward took 1.06-1.12 of the time hot. (Nor the backward, the next rows of x and dy
+    prefetched 8 KiB ahead where dx streams: 1.05-1.20 of the time cold, float32 and float64.)"""
     row_bytes = L * itemsize
-    if row_bytes == 0 or row_bytes > PREFETCH_MAX_ROW_BYTES:
+    if row_bytes == 0:
         return 0
-    return max(1, PREFETCH_DISTANCE_BYTES // row_bytes)
+    if row_bytes <= PREFETCH_MAX_ROW_BYTES:
+        return max(1, PREFETCH_DISTANCE_BYTES // row_bytes)
+    if stream and itemsize == 4 and row_bytes <= PREFETCH_MAX_STREAMED_ROW_BYTES:
+        return max(1, PREFETCH_STREAMED_DISTANCE_BYTES // row_bytes)
+    return 0
 
 
 @intrinsic
@@ -1485,18 +1507,19 @@ def _call_item(typingctx, item, *args):
 
 
 @_item
-def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, first, last, scratch, stream):
-    """Forward of the rows q = first..last-1 of x3 in (n, g) order, each with its own statistics; ``by_pieces``,
-    y of the pieces first..last-1 of the rows (``_row_pieces``: piece i of row i // pieces), their statistics
-    given in mean2 and var2 (``_forward_rows_kernel``)."""
-    N, G, L = x3.shape
-    # row q is (n, g) = divmod(q, G), indexed here as a row of the contiguous arrays: indexing by (n, g)
-    # took an integer division per row, and the forward of 65536 float32 rows 1.08-1.10x the time on rows
-    # of 128 values, 1.18x on 64 (benchmarks/compare_kernels.py, 1 and 2 threads)
-    x, y = _borrowed(x3.reshape((N * G, L))), _borrowed(y3.reshape((N * G, L)))
-    mean, var = mean2.reshape(N * G), var2.reshape(N * G)
-    w2, b2, scratch = _borrowed(w2), _borrowed(b2), _borrowed(scratch)
-    ahead = _rows_ahead(L, x.itemsize)
+def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, first, last, scratch, stream):
+    """Forward of the rows q = first..last-1 of x (N * G, L), row q the block (n, g) = divmod(q, G) of G = len(w2),
+    each with its own statistics; ``by_pieces``, y of the pieces first..last-1 of the rows (``_row_pieces``: piece i
+    of row i // pieces), their statistics given in mean and var (``_forward_rows_kernel``)."""
+    # (rows as the rows of 2-D arrays, not indexed by (n, g): that took an integer division per row, and the forward
+    # of 65536 float32 rows 1.08-1.10x the time on rows of 128 values, 1.18x on 64 (benchmarks/compare_kernels.py,
+    # 1 and 2 threads); and so from the caller, not reshaped here: four reshapes took 140 ns an item, of 600 for an
+    # item of one float32 row of 1024 values in L2, and ``compare_kernels.py --floor`` (hot, the Intel VM, new/twin
+    # 0.93-1.00) the float32 forward of 64x1024, 512x256, 256x1024 and 2048x128 0.82, 0.89, 0.85-0.92 and 0.94 of
+    # the time on 1 and 2 threads)
+    G, L = w2.shape
+    x, y, w2, b2, scratch = _borrowed(x), _borrowed(y), _borrowed(w2), _borrowed(b2), _borrowed(scratch)
+    ahead = _rows_ahead(L, x.itemsize, stream)
     g = first % G
     # Rows of at most SHORT_ROW_VALUES values (InstanceNorm's small maps taken as rows, tiny LayerNorms) go in
     # batches of SHORT_ROWS_BATCH_BYTES, a step at a time over the whole batch: the means, then the variances,
@@ -1548,7 +1571,6 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, 
                 g = g + 1 if g + 1 < G else 0
         return
     pieces, piece = _row_pieces(L, x.itemsize)
-    moments = np.empty((0 if by_pieces else pieces, 2))
     # (one call of _normalize_row_to for both: each inlined copy of its loops costs compile time)
     for i in range(first, last):
         if by_pieces:
@@ -1564,6 +1586,7 @@ def _forward_rows(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, 
                 mu = _sum(xb) / L if centered else 0.0
                 v = _sum_sq_dev(xb, mu) / L
             else:
+                moments = np.empty((pieces, 2))  # (for a row of 1 MiB or more)
                 for p in range(pieces):
                     moments[p, 0], moments[p, 1] = _piece_moments(xb, p, centered)
                 t, m2 = _merged_pieces(moments, L, piece)
@@ -2493,11 +2516,11 @@ def _chunk(c, N, n_chunks):
     return c * per_chunk, min(N, (c + 1) * per_chunk)
 
 
-def _forward_rows_kernel(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, stream):
-    """The rows' forward: work items of whole rows (``_forward_rows``), or, ``by_pieces``, of pieces of rows
-    (``_row_pieces``): each piece's sum and M2 (``_piece_moments``), merged per row in piece order
-    (``_merged_pieces``), then runs of consecutive pieces normalized (``_forward_rows``, by_pieces). A whole row
-    takes its statistics from the same pieces in the same order: the same bits either way.
+def _forward_rows_kernel(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, stream):
+    """The rows' forward of x (N * G, L), into y, mean and var (N * G): work items of whole rows (``_forward_rows``),
+    or, ``by_pieces``, of pieces of rows (``_row_pieces``): each piece's sum and M2 (``_piece_moments``), merged per
+    row in piece order (``_merged_pieces``), then runs of consecutive pieces normalized (``_forward_rows``,
+    by_pieces). A whole row takes its statistics from the same pieces in the same order: the same bits either way.
 
     Why: a row of ROW_PIECES_MIN_BYTES (1 MiB) or more had its two passes for the statistics and its normalize
     pass each read it from memory, and a row went on one thread, so that one long row ran on one thread only.
@@ -2511,27 +2534,25 @@ def _forward_rows_kernel(x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_p
     (one process), a first float32 LayerNorm forward+backward on an empty cache 27.8 s against 23.0
     (``benchmarks/compile_time.py HEAD --what layer_norm --rounds 3``). The pieces normalized by an item and in a
     prange loop of their own, rather than by the rows' item in its work items, had taken 17.5 s and 30.3 s."""
-    N, G, L = x3.shape
-    units = N * G
+    rows, L = x.shape
+    units = rows
     if by_pieces:
-        x = x3.reshape((N * G, L))
         pieces, piece = _row_pieces(L, x.itemsize)
-        moments = np.empty((N * G, pieces, 2))
-        for i in prange(N * G * pieces):
+        moments = np.empty((rows, pieces, 2))
+        for i in prange(rows * pieces):
             q, p = i // pieces, i % pieces
             moments[q, p, 0], moments[q, p, 1] = _piece_moments(x[q], p, centered)
-        mean, var = mean2.reshape(N * G), var2.reshape(N * G)
-        for q in range(N * G):
+        for q in range(rows):
             t, m2 = _merged_pieces(moments[q], L, piece)
             mean[q], var[q] = t / L, m2 / L
-        units = N * G * pieces
+        units = rows * pieces
     items, per_item = _work_items(units, False)
     for i in prange(items):
         first = i * per_item
         last = min(units, first + per_item)
-        scratch = np.empty(_scratch_len(L, 1, True, y3.itemsize) if stream else 0, dtype=y3.dtype)
+        scratch = np.empty(_scratch_len(L, 1, True, y.itemsize) if stream else 0, dtype=y.dtype)
         _call_item(
-            _forward_rows, x3, w2, b2, has_b, eps, centered, mean2, var2, y3, by_pieces, first, last, scratch, stream
+            _forward_rows, x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, first, last, scratch, stream
         )
         if stream:
             _store_fence()
@@ -3206,7 +3227,8 @@ def norm_forward(
     if _rows(S, mask is not None, reduce_batch) and stats is None:
         by_pieces = _forward_by_pieces(N * G, K * S, x.itemsize, x.size)
         _kernel("rows forward", x.size)(
-            x3, w2, b2, bias is not None, float(eps), centered, mean2, var2, y3, by_pieces, stream
+            x3.reshape(N * G, K * S), w2, b2, bias is not None, float(eps), centered, mean2.reshape(N * G),
+            var2.reshape(N * G), y3.reshape(N * G, K * S), by_pieces, stream,
         )  # fmt: skip
     else:
         # Eval-mode BatchNorm with a streamed output: with its statistics given, each (n, c) block is normalized on
