@@ -457,8 +457,9 @@ def _rows_ahead(L, itemsize, stream):
     Float64 rows are left out: 8192x1024 cold 0.89, 0.96, 1.01, 4096x768 (24 MiB) 0.89-0.94, but hot 1.13 and
     0.97, 1.06-1.07 (float64 rows of 1024 values carry half the arithmetic a byte that float32 rows do, and their
     forward already ran at 94-97% of a copy's rate there). Prefetched ahead of the rows of the unstreamed sizes,
-    4-16 MiB, the float32 forward took 1.06-1.12 of the time hot. (Nor the backward, the next rows of x and dy
-    prefetched 8 KiB ahead where dx streams: 1.05-1.20 of the time cold, float32 and float64.)"""
+    4-16 MiB, the float32 forward took 1.06-1.12 of the time hot. (Nor the backward, where dx streams, the next rows
+    of x and dy prefetched 8 KiB ahead into L1, or the next row into L2 once the row's sums are taken: 1.05-1.20 of
+    the time cold, float32 and float64.)"""
     row_bytes = L * itemsize
     if row_bytes == 0:
         return 0
@@ -1537,7 +1538,9 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
     # 0.62-0.70; and the cold compile of every kernel 0.92 (``benchmarks/compile_time.py``, both items' loops in
     # the rows' forward now one call each). The same vectors row by row took float32 rows of 16 and 9 values
     # 0.85-0.86, of 8 1.04; with the next rows prefetched 2 KiB ahead 0.91-1.14; the batch's divisions and
-    # square roots in loops of their own (vectorized) 1.01-1.04 of the batches' time.
+    # square roots in loops of their own (vectorized) 1.01-1.04 of the batches' time. In batches, the next batch's x
+    # prefetched into L1 at the start of each took float32 rows of 16 values (InstanceNorm 4096x64x4x4, 2048x64x4x4,
+    # cold) 1.01 and 0.97, and its y too, with write intent (``prefetchw``), 1.18-1.21.
     # (Rows in pairs, as the blocks of _forward_groups, took float32 rows of 1024 values 0.91-0.92 of the time
     # (hot and cold), but rows of 128 values 1.00-1.11, of 768 0.94-1.06, float64 rows 0.96-1.06
     # (compare_kernels.py, 2 threads, the Intel VM); on the AMD VM, rows of 4 KiB or more in pairs took float32
@@ -2148,7 +2151,9 @@ def _column_moments(x2, valid, has_mask, n_first, n_last, out):
     (the Intel VM, 2 threads, new/twin 0.94-1.03) took the forward of float32 (8192, 1024) 0.93, (65536, 64),
     (16384, 512) and (32768, 96) 0.95-0.96, float64 0.95-0.96; hot 0.93-1.01 ((256, 512): 1.00). (Alone, with
     x from DRAM, this pass took 1.5-1.6x the time of a pass that only sums the columns; the next tile prefetched
-    into L2 while the second pass runs did not close that: the forward 1.00-1.03.)"""
+    into L2 while the second pass runs did not close that: the forward 1.00-1.03; nor the same rows of the next tile
+    prefetched four at a time as the second pass takes them, into L2 or L1, float32 (8192, 1024) and (65536, 64):
+    0.96-1.04.)"""
     x2, out = _borrowed(x2), _borrowed(out)
     P = x2.shape[1]
     total, m2 = out[0], out[1]
@@ -3440,7 +3445,9 @@ def compile_every_kernel(
     ``benchmarks/compile_time.py``, medians of 2 rounds). Handed out longest compile first (one process each:
     19.6, 16.3, 15.4, 14.5, 12.5, 11.2 and 1.0 s, which in ``_KERNELS``'s order should leave one process working
     3 s after the other is done), the kernels took 58.5-63.4 s against 54.6-62.0 in three alternated rounds: not
-    taken. Compile times quoted elsewhere in this module are of one process."""
+    taken. Nor two long-lived processes taking a kernel and a dtype at a time from a queue (each imports once, and
+    the last task is half as long): 56.2-66.1 s against 56.0-70.6 (three rounds; in two more, 65.8-71.4 against
+    61.6-64.6). Compile times quoted elsewhere in this module are of one process."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from tqdm import tqdm
