@@ -743,11 +743,19 @@ def test_ctrl_c_stops_the_compile_of_every_kernel_at_once(tmp_path):
     stop (those it has started by then, and those it was starting), no other is started for the kernels still
     waiting, and the command says it was interrupted, exit status 130, without a traceback of its own or of the
     compiling processes. (Before, it printed three tracebacks and then compiled the other seven kernels, a minute or
-    more, before it ended.)"""
+    more, before it ended.) The command starts with SIGINT at its default, as in a terminal's job: a test run in
+    the background (``nohup ... &``) inherits SIGINT ignored, and so would the command, which Ctrl-C then never
+    reaches."""
     import signal
 
+    command_line = [sys.executable, "-m", "minigrad_norm", "compile"]
+    default_sigint = (
+        "import os, signal\n"
+        "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+        f"os.execv({sys.executable!r}, {command_line!r})\n"
+    )
     command = subprocess.Popen(
-        [sys.executable, "-m", "minigrad_norm", "compile"],
+        [sys.executable, "-c", default_sigint],
         env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
