@@ -391,7 +391,7 @@ class Problem:
         _, mean, var = reference.norm_forward(
             x, weight, bias, EPS, centered=case.centered, reduce_batch=case.reduce_batch
         )
-        return cls(case, np.dtype(dtype), x, dy, weight, bias, mean, 1.0 / np.sqrt(var + EPS))
+        return cls(case, np.dtype(dtype), x, dy, weight, bias, mean, reference.rstd(var, EPS))
 
 
 def kernel_runner(kernels: Any, p: Problem, direction: str, preallocated: bool) -> Callable[[], Any]:

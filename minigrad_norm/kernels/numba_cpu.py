@@ -3530,7 +3530,7 @@ def _compile_kernel(name: str, dtypes: Sequence[str]) -> None:
             else:
                 _, mean, var = reference.norm_forward(x, None, None, 1e-5, reduce_batch=reduce_batch)
                 w = np.ones(shape[1:3], dtype)
-                norm_backward(x, x, mean, 1 / np.sqrt(var + 1e-5), w, reduce_batch=reduce_batch)
+                norm_backward(x, x, mean, reference.rstd(var, 1e-5), w, reduce_batch=reduce_batch)
 
 
 def cache_path() -> str | None:
