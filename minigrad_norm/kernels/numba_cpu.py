@@ -185,7 +185,15 @@ CACHE_LOCK_WAIT_SECONDS = 60.0
 # VM and 60 on the AMD VM of CPU family 26 (an empty prange of 2 items, back to back). A LayerNorm fwd+bwd (D =
 # 1024, hot, 2 threads, serial and parallel alternated call by call) breaks even at about 2^19 elements there:
 # parallel/serial 2.1-2.7 at 2^16, 1.11-1.37 at 2^18, 0.94-1.09 at 2^19, 0.68-0.90 at 2^20, float32 and float64.
-PARALLEL_MIN_ELEMENTS = 1 << 19
+# On the 2-core Intel Emerald Rapids VM the empty region took 15 us, and the line lies lower: fwd+bwd with out=
+# (hot, 2 threads, the threshold switched call by call, 300 rounds), parallel/serial at 2^18 elements float32
+# 0.71-0.91 (LayerNorm 256x1024, 2048x128, 16x16384, 1x262144, InstanceNorm 16x16x1024 and on 4x4 maps, GroupNorm
+# 16x8x8x256 and 512x8x4x16, BatchNorm2d 16x16x1024 and 64x4x1024, BatchNorm1d 256x1024 and 4096x64), float64
+# 0.70-0.84; at 2^17 float32 0.86-1.07, float64 0.73-0.98 but BatchNorm1d 128x1024 1.22; at 2^16 1.16 and 1.04
+# (LayerNorm 64x1024). So 2^18 there, on Intel CPUs (the vendor stands for the machines measured, as for the
+# prefetches below).
+_INTEL = cpu_identity().get("vendor") == "GenuineIntel"
+PARALLEL_MIN_ELEMENTS = 1 << 18 if _INTEL else 1 << 19
 # rstd's kernel, a square root and a division per value (1.9 ns a value on one thread, from L1), breaks even on
 # 2 threads at about 2^14 values (the Intel VM: 30.5 us serial, 29.7 parallel; 2^15: 60 and 46).
 RSTD_PARALLEL_MIN_ELEMENTS = 1 << 14
@@ -202,7 +210,6 @@ STREAMED_RUN_MIN_BYTES = 2048
 # The forward row loop (LayerNorm, RMSNorm) prefetches rows of at most this many bytes, this far ahead, on Intel
 # CPUs only (on AMD's it measured slower): see _rows_ahead. Float32 rows of up to PREFETCH_MAX_STREAMED_ROW_BYTES
 # it prefetches PREFETCH_STREAMED_DISTANCE_BYTES ahead too, when it streams their output out.
-_INTEL = cpu_identity().get("vendor") == "GenuineIntel"
 PREFETCH_MAX_ROW_BYTES = 2048 if _INTEL else 0
 PREFETCH_DISTANCE_BYTES = 2048
 PREFETCH_MAX_STREAMED_ROW_BYTES = 16 * 1024 if _INTEL else 0
