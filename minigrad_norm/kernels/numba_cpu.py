@@ -260,6 +260,7 @@ _MIN_ROWS_PER_CHUNK = 32  # (rows: see _n_chunks)
 _MIN_ROWS_PER_COLUMN_CHUNK = 16
 _TARGET_ITEMS = 64
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _masked_vector_instructions() -> bool:
@@ -2897,7 +2898,8 @@ def _parallel_launch(serial: Callable, parallel: Callable) -> Callable:
 def _for_kernels(x: np.ndarray, *others: np.ndarray | None) -> bool:
     """Whether the jitted kernels take this call: float32/float64 data with something in it, and no complex
     argument (a complex step); the reference takes the rest (integers it refuses, float16, empty arrays)."""
-    return x.dtype in _KERNEL_DTYPES and x.size > 0 and not any(np.iscomplexobj(a) for a in others)
+    # (the arguments are ndarrays or NumPy scalars, or None, as check_args made sure)
+    return x.dtype in _KERNEL_DTYPES and x.size > 0 and not any(a is not None and a.dtype.kind == "c" for a in others)
 
 
 def _mean_fits(dtype: np.dtype, mean: np.ndarray) -> bool:
@@ -2907,9 +2909,12 @@ def _mean_fits(dtype: np.dtype, mean: np.ndarray) -> bool:
     if dtype != np.float32:
         return True
     m = np.asarray(mean, dtype=np.float64)
-    limit = float(np.finfo(np.float32).max)
-    # the common case in two reductions and no temporary (NaN compares False: a NaN mean fits)
-    if not (m.max(initial=0.0) > limit or m.min(initial=0.0) < -limit):
+    # the common case in two reductions and no temporary (NaN compares False: a NaN mean fits), the ufuncs'
+    # own (``m.max()`` goes through a Python wrapper: 4.1 us against 2.3 for the pair on a small mean)
+    limit = _FLOAT32_MAX
+    if not (
+        np.maximum.reduce(m, axis=None, initial=0.0) > limit or np.minimum.reduce(m, axis=None, initial=0.0) < -limit
+    ):
         return True
     with np.errstate(over="ignore"):
         return not np.any(np.isinf(m.astype(np.float32)) & np.isfinite(m))
@@ -3279,7 +3284,7 @@ def norm_backward(
         flags={"centered": centered, "fixed_stats": fixed_stats, "need_affine_grads": need_affine_grads},
         weight=weight, mask=mask, stats=(mean, rstd), dy=dy, out=out,
     )  # fmt: skip
-    common = np.result_type(x.dtype, dy.dtype)
+    common = x.dtype if dy.dtype == x.dtype else np.result_type(x.dtype, dy.dtype)
     if common not in _KERNEL_DTYPES or not _for_kernels(x, dy, mean, rstd, weight) or not _mean_fits(common, mean):
         return reference.norm_backward(
             dy, x, mean, rstd, weight, centered=centered, reduce_batch=reduce_batch, mask=mask,
@@ -3301,7 +3306,7 @@ def norm_backward(
         # (a dx in the common dtype is a temporary, read back at once by the cast to x's dtype)
         return common == x.dtype and _streams(dx, out, block, short_aligned_blocks=True)
 
-    if _by_columns(x.shape, np.dtype(common).itemsize, reduce_batch, mask):
+    if _by_columns(x.shape, common.itemsize, reduce_batch, mask):
         sums = np.empty((4, G if affine or not fixed_stats else 0))
         _kernel("columns backward", x.size)(
             dy3.reshape(N, G * L), x3.reshape(N, G * L), _valid_rows_of(mask, N), mask is not None, mean2.reshape(G),
@@ -3310,7 +3315,7 @@ def norm_backward(
             stream(G * L) and _column_rows_stream(G * L, dx.itemsize),
         )  # fmt: skip
         dweight, dbias = (sums[1].reshape(G, K), sums[0].reshape(G, K)) if affine else (None, None)
-    elif _as_rows(x.shape, np.dtype(common).itemsize, reduce_batch, mask, backward=True, dweight=affine):
+    elif _as_rows(x.shape, common.itemsize, reduce_batch, mask, backward=True, dweight=affine):
         dweight, dbias = _backward_by_groups(
             dy3, x3, mean2, rstd2, np.repeat(w2, S, axis=1), centered, reduce_batch, mask, fixed_stats, dx, affine,
             stream(L), terms_per_row=K == 1,

@@ -73,15 +73,23 @@ def rstd(var: np.ndarray, eps: float) -> np.ndarray:
 # the arguments' contract, checked by both backends before any work
 
 
+# (the type tests below take tuples built once: ``isinstance(a, np.ndarray | np.generic)`` builds the union on
+# every call, and these checks run on every kernel call, whose own work can be a microsecond or two)
+_ARRAY_TYPES = (np.ndarray, np.generic)
+_REAL_TYPES = (int, float, np.integer, np.floating)
+_BOOL_TYPES = (bool, np.bool_)
+
+
 def _check_shape(op: str, name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
-    if np.shape(a) != shape:
-        raise ValueError(f"{op}: {name} has shape {np.shape(a)}, expected {shape}")
+    # (``a`` is an ndarray or a NumPy scalar, checked before: both have a shape)
+    if a.shape != shape:
+        raise ValueError(f"{op}: {name} has shape {a.shape}, expected {shape}")
 
 
 def check_numeric(op: str, name: str, a: np.ndarray, kinds: str = "fc") -> None:
     """``a`` is an ndarray (or a NumPy scalar: an op on a 0-d array gives one) of one of the dtype ``kinds``
     (float, or complex: the complex step's data)."""
-    if not isinstance(a, np.ndarray | np.generic):
+    if not isinstance(a, _ARRAY_TYPES):
         raise TypeError(f"{op}: {name} must be an ndarray, got {type(a).__name__}")
     if a.dtype.kind not in kinds:
         raise TypeError(f"{op}: {name} must be a floating-point array, got dtype {a.dtype}")
@@ -92,7 +100,7 @@ def check_eps_type(op: str, eps: Any) -> None:
     NumPy's ufuncs refuse; nor text, which ``float("1e-5")`` reads (and numba's ``float(eps)`` would) where NumPy's
     ``var + "1e-5"`` and PyTorch refuse it; nor a complex number, an array or None, on which the backends would
     fail in different ways or give a complex output."""
-    if not isinstance(eps, int | float | np.integer | np.floating):
+    if not isinstance(eps, _REAL_TYPES):
         raise TypeError(f"{op}: eps must be a real number, got {eps!r}")
 
 
@@ -117,8 +125,8 @@ def check_args(
     (``check_eps_type``). Nothing is broadcast: a wrong shape raises ``ValueError`` naming the argument, never a
     silently different result; a wrong type raises ``TypeError``, never a result read by truth value."""
     check_eps_type(op, eps)
-    for name, value in {"reduce_batch": reduce_batch, **flags}.items():
-        if not isinstance(value, bool | np.bool_):
+    for name, value in (("reduce_batch", reduce_batch), *flags.items()):
+        if not isinstance(value, _BOOL_TYPES):
             raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__} {value!r}")
     check_numeric(op, "x", x)
     if x.ndim != 4:
