@@ -90,6 +90,7 @@ BYTES_PER_X = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
 # untimed calls before each timed one: enough to reach a steady state (see interleaved_times)
 WARMUP_CALLS = 3
 IMPLS = ("numpy", "numba 1t", "numba", "numba out=", "torch 1t", "torch", "copy x", "triad x")
+QUICK_IMPLS = tuple(i for i in IMPLS if not i.endswith(" 1t"))  # (--quick: see run)
 # the plain kernels each direction's bytes are compared with ("% plain x"), and the bytes each moves, per |x|
 PLAIN = {"fwd": ("copy x",), "bwd": ("triad x",), "fwd+bwd": ("copy x", "triad x")}
 PLAIN_BYTES_PER_X = {"copy x": 2, "triad x": 3}
@@ -287,8 +288,8 @@ class Threads:
 
 
 def _stream_kernels() -> tuple[Callable, Callable, Callable, Callable]:
-    """copy and triad with ordinary stores, as the kernels write all but big outputs; memcpy; and a sum,
-    which reads an array without writing anything (``Stream.evict``).
+    """copy and triad with ordinary stores, as the kernels write all but big outputs; memcpy; and a read of every
+    cache line of an array, which writes nothing (``Stream.evict``).
 
     Written as ``c[i] = a[i]``, a copy loop is replaced by LLVM with a call to ``memcpy``, and
     glibc's memcpy switches to non-temporal stores above a size threshold: those skip the
@@ -318,13 +319,16 @@ def _stream_kernels() -> tuple[Callable, Callable, Callable, Callable]:
             c[i] = a[i]
 
     @numba.njit(parallel=True, cache=True)
-    def stream_sum(a):
+    def touch_lines(a):
+        # one value of every 64-byte line, which the cache fetches whole: summing every value, each thread's chain
+        # of dependent adds (4 cycles each) held a float64 array to 11 GB/s on two threads, 600 MiB in 57 ms
+        # (the Intel VM); one a line, 28 ms, and a 64 MiB array read after either took the same time
         s = 0.0
-        for i in numba.prange(a.shape[0]):
-            s += a[i]
+        for i in numba.prange(a.shape[0] // 8):
+            s += a[8 * i]
         return s
 
-    return stream_copy, stream_triad, stream_memcpy, stream_sum
+    return stream_copy, stream_triad, stream_memcpy, touch_lines
 
 
 class Stream:
@@ -335,7 +339,7 @@ class Stream:
 
     def __init__(self, quick: bool):
         n = max(2**22 if quick else 2**23, (1 if quick else 2) * l3_bytes() // 8)
-        self.copy_kernel, self.triad_kernel, memcpy_kernel, self.sum_kernel = _stream_kernels()
+        self.copy_kernel, self.triad_kernel, memcpy_kernel, self.touch_kernel = _stream_kernels()
         self.a, self.b, self.c = np.ones(n), np.full(n, 2.0), np.zeros(n)
         self.bytes = {"copy": 2 * self.a.nbytes, "triad": 3 * self.a.nbytes, "memcpy": 2 * self.a.nbytes}
         self.kernels = {
@@ -348,9 +352,17 @@ class Stream:
 
     def evict(self) -> None:
         """Empty the caches of anything but STREAM's arrays, whose lines are clean (read, not written): the
-        next call finds its data in DRAM, and no dirty lines of earlier calls to write back."""
-        for a in self.evicting:
-            self.sum_kernel(a)
+        next call finds its data in DRAM, and no dirty lines of earlier calls to write back. On all of numba's
+        threads, whatever the caller has set (and then set back): on one, 600 MiB took 44 ms against 28."""
+        import numba
+
+        threads = numba.get_num_threads()
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        try:
+            for a in self.evicting:
+                self.touch_kernel(a)
+        finally:
+            numba.set_num_threads(threads)
 
     def measure(
         self, n_threads: Sequence[int], budget_s: float, names: Sequence[str] = ("copy", "triad")
@@ -627,7 +639,9 @@ def time_case(
     bandwidth fractions assume; else each runs hot, as in a loop that repeats it on the same arrays."""
     from minigrad_norm.kernels import numba_cpu
 
-    reps, budget = (3, 0.05) if quick else (7, 1.5)
+    # (--quick: two rounds, the median their mean; with three a --quick run took 58 s instead of 42 on the Intel VM,
+    # whose evictions read 600 MiB each: see run)
+    reps, budget = (2, 0.05) if quick else (7, 1.5)
     x_flat, dy_flat, plain_out = p.x.reshape(-1), p.dy.reshape(-1), np.empty(p.x.size, p.x.dtype)
     plain_threads = plain_kernel_threads(p.x.size, all_threads)
     plan: dict[str, tuple[int, Callable[[], Any]]] = {
@@ -645,7 +659,10 @@ def time_case(
     for name in STREAM_KERNELS:
         plan[f"STREAM {name}"] = (all_threads, stream.kernels[name])
     evict = stream.evict if cold else None
-    times = interleaved_times(plan, torch, reps, budget, WARMUP_CALLS, evict, one_warmup=("numpy",))
+    # (the NumPy reference and STREAM's kernels, slow or on arrays far beyond the caches, with no allocator churn or
+    # cached state to settle, one untimed call each: STREAM's on twice the L3, 60-80 ms a call on the Intel VM)
+    one_warmup = ("numpy", *(f"STREAM {name}" for name in STREAM_KERNELS))
+    times = interleaved_times(plan, torch, reps, budget, WARMUP_CALLS, evict, one_warmup=one_warmup)
     cuts = {impl: [1e3 * q for q in statistics.quantiles(t, n=4, method="inclusive")] for impl, t in times.items()}
     ms = {impl: c[1] for impl, c in cuts.items()}  # the medians
     bandwidth = {name: stream.bytes[name] / (1e-3 * ms.pop(f"STREAM {name}")) / 1e9 for name in STREAM_KERNELS}
@@ -725,13 +742,17 @@ def run(
     cases: Sequence[Case] | None = None,
     sweep: Sequence[Case] | None = None,
     dtypes: Sequence[str] | None = None,
-    impls: Sequence[str] = IMPLS,
+    impls: Sequence[str] | None = None,
     startup: bool = True,
     progress: bool = True,
     compile_first: bool = False,
     cold: bool = True,
 ) -> Report:
-    """Run the whole benchmark (``quick``: float32 only, fewer shapes and repeats, under a minute).
+    """Run the whole benchmark (``quick``: float32 only, fewer shapes and repeats, and unless ``impls`` says
+    otherwise no one-thread columns: under a minute. Each timed call from cold caches reads twice the L3 size
+    first, 600 MiB on the Intel VM, which reports 300 MiB: there, with the one-thread columns, a --quick run took
+    61 s, without them 58, in two rounds 42; before the evictions ran on every thread and STREAM's kernels took one
+    untimed call, 90.)
 
     ``cold``: the cases (not the sweep, always hot) are timed from cold caches (see ``time_case``).
 
@@ -745,6 +766,7 @@ def run(
 
     t0 = time.perf_counter()
     times = {}
+    impls = impls or (QUICK_IMPLS if quick else IMPLS)
     torch = _torch() if any(i.startswith("torch") for i in impls) else None
     all_threads = numba.config.NUMBA_NUM_THREADS
     if cases is None:
@@ -1029,7 +1051,7 @@ def format_report(report: Report, markdown: bool = False) -> str:
         "times (the interquartile range over the median: how far one run's figures can be trusted; every "
         "implementation's quartiles are in the JSON); '% copy'/'% triad' compare it with STREAM copy/triad on all "
         "threads ('copy GB/s'), timed in the same rounds as the implementations: round-robin, "
-        f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own (numpy: 1); "
+        f"in a shuffled order, each call right after {WARMUP_CALLS} untimed ones of its own (numpy and STREAM: 1); "
         "'% plain x' is the time of plain kernels moving the same bytes, timed in the same rounds ('copy x' "
         "= a copy of x, a forward's bytes; 'triad x' = x + 3 dy, a backward's; both for fwd+bwd; on one thread where "
         "x is small enough for numba's kernels to run serially), over the time "

@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--quick",
         action="store_true",
-        help="one shape per norm, float32 unless --dtype, few repeats (under a minute once compiled)",
+        help="one shape per norm, float32 unless --dtype, few repeats, no 1t columns (under a minute once compiled)",
     )
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown (benchmarks/RESULTS.md)")
