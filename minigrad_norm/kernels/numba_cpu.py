@@ -456,6 +456,13 @@ def _rows_ahead(L, itemsize, stream):
     1.13 hot, float64 1.00 and 0.98; on the Zen 4 VM (family 25), for streamed rows of 8 KiB or more, float64
     rows of 8 and 12 KiB 0.87-0.92 cold, of 16 and 32 KiB 0.95-1.01, but float32 rows of 8, 12 and 16 KiB
     1.05, 1.08 and 0.98-1.08 (and of 4 KiB 1.00-1.03): a gain for one dtype at a few lengths, not taken.
+    Measured again on the Intel VM for Intel CPUs only (``compare_kernels.py --floor``, 2 threads, new/twin
+    0.99-1.02): not streamed (x of 8-16 MiB), 1 KiB pieces, float32 512x4096, 256x8192, 1024x4096 0.86-0.94 cold
+    but 1.06 hot, float64 0.94-0.95 cold and 1.05-1.08 hot; streamed (the next row's piece prefetched after each
+    scratch piece streams out), float32 rows of 32 KiB (1024x8192) 0.90-0.92 cold, float64 rows of 16-64 KiB
+    0.92-0.94, hot 1.00-1.01. But the rows' forward then took 13.8-17.2 s to compile for both dtypes instead of
+    11.2-12.5 (one process, four alternated compiles; with the next row passed as a view or as an index): for
+    shapes none of which the benchmark lists, the compile of every kernel near issue 4's 60 s. Not taken.
 
     Streamed rows: where the loop streams its output (an output of STREAMING_STORE_MIN_BYTES or more, taken not to
     stay in the cache, and so an x as big, most likely streamed to memory by the kernel that wrote it, as in
