@@ -1712,7 +1712,7 @@ def test_bench_command_times_the_shapes_and_dtypes_asked_and_says_how_it_was_run
 @pytest.mark.parametrize("quick", [True, False])
 def test_bench_quick_leaves_out_the_one_thread_columns(monkeypatch, quick):
     """``--quick`` times every implementation but the one-thread ones (each timed call from cold caches reads twice
-    the L3 first, and they were a sixth of a --quick run); a full run times them all, cases and sweep alike."""
+    the L3 first, and they were a sixth of a --quick run); a full run times them all."""
     timed = []
 
     def fake_time_case(problem, direction, torch, stream, threads, quick, impls, cold=True):

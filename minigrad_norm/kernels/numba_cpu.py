@@ -2905,8 +2905,7 @@ def _parallel_launch(serial: Callable, parallel: Callable) -> Callable:
 def _for_kernels(x: np.ndarray, *others: np.ndarray | None) -> bool:
     """Whether the jitted kernels take this call: float32/float64 data with something in it, and no complex
     argument (a complex step); the reference takes the rest (integers it refuses, float16, empty arrays)."""
-    # (the arguments are ndarrays or NumPy scalars, or None, as check_args made sure)
-    return x.dtype in _KERNEL_DTYPES and x.size > 0 and not any(a is not None and a.dtype.kind == "c" for a in others)
+    return x.dtype in _KERNEL_DTYPES and x.size > 0 and not any(reference.is_complex(a) for a in others)
 
 
 def _mean_fits(dtype: np.dtype, mean: np.ndarray) -> bool:
@@ -2918,10 +2917,8 @@ def _mean_fits(dtype: np.dtype, mean: np.ndarray) -> bool:
     m = np.asarray(mean, dtype=np.float64)
     # the common case in two reductions and no temporary (NaN compares False: a NaN mean fits), the ufuncs'
     # own (``m.max()`` goes through a Python wrapper: 4.1 us against 2.3 for the pair on a small mean)
-    limit = _FLOAT32_MAX
-    if not (
-        np.maximum.reduce(m, axis=None, initial=0.0) > limit or np.minimum.reduce(m, axis=None, initial=0.0) < -limit
-    ):
+    high, low = np.maximum.reduce(m, axis=None, initial=0.0), np.minimum.reduce(m, axis=None, initial=0.0)
+    if not (high > _FLOAT32_MAX or low < -_FLOAT32_MAX):
         return True
     with np.errstate(over="ignore"):
         return not np.any(np.isinf(m.astype(np.float32)) & np.isfinite(m))

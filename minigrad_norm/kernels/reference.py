@@ -86,6 +86,15 @@ def _check_shape(op: str, name: str, a: np.ndarray, shape: tuple[int, ...]) -> N
         raise ValueError(f"{op}: {name} has shape {a.shape}, expected {shape}")
 
 
+def is_complex(a: np.ndarray | None) -> bool:
+    """Whether ``a`` holds complex numbers (the complex step's data; None does not): an array's dtype read directly,
+    as ``np.iscomplexobj`` reads it for anything else, which costs 0.3 us a call (1.1 on None) on every kernel call."""
+    if a is None:
+        return False
+    dtype = getattr(a, "dtype", None)
+    return np.iscomplexobj(a) if dtype is None else dtype.kind == "c"
+
+
 def check_numeric(op: str, name: str, a: np.ndarray, kinds: str = "fc") -> None:
     """``a`` is an ndarray (or a NumPy scalar: an op on a 0-d array gives one) of one of the dtype ``kinds``
     (float, or complex: the complex step's data)."""
