@@ -261,6 +261,31 @@ def test_both_compiles_of_a_kernel_call_its_item_by_symbol_and_hold_none_of_its_
     assert out == ["False", "True", "False", "True"]
 
 
+def test_the_items_and_the_reduction_helpers_are_vectorized_with_512_bit_registers_where_the_cpu_has_them(tmp_path):
+    """LLVM's tuning for Intel's AVX-512 cores prefers 256-bit vectors; the items and the reduction helpers are
+    compiled with the function attribute that overrides it (``_WideVectorsCompiler``), and the kernels, which only
+    call them, without. Where the CPU numba compiles for has AVX-512, an item's and a helper's machine code then
+    use its 512-bit registers (zmm). (On an empty cache: numba shows no code of a function loaded from its cache.)"""
+    code = """
+        import re
+        import numpy as np
+        import llvmlite.binding as llvm
+        import numba
+        from minigrad_norm.kernels import numba_cpu
+        x = np.ones((64, 1, 1024, 1), np.float32)
+        numba_cpu.norm_forward(x, None, None, 1e-5)
+        attribute = f'"prefer-vector-width"="{numba_cpu.PREFERRED_VECTOR_BITS}"'
+        for compiled in (numba_cpu._forward_rows, numba_cpu._sum, numba_cpu._KERNELS["rows forward"][0]):
+            print(all(attribute in code for code in compiled.inspect_llvm().values()), end=" ")
+        features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+        avx512 = "+avx512f" in features.split(",")
+        for compiled in (numba_cpu._forward_rows, numba_cpu._sum):
+            print(all((re.search(r"%zmm", code) is not None) == avx512 for code in compiled.inspect_asm().values()))
+    """
+    out = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
+    assert out == ["True", "True", "False", "True", "True"]
+
+
 def test_a_call_by_symbol_returns_the_items_value_raises_its_error_and_types_literals_as_literals(monkeypatch):
     """``_call_item`` must behave as numba's own call of a jitted function: the item's return value, its exception
     raised on in the caller, and a constant argument typed as a literal (``_backward_rows`` compiles a loop

@@ -33,12 +33,9 @@ Design points, each one tested in ``tests/test_kernels.py``:
   operation order: for float32 data that is twice the lanes per vector register and no
   conversions (``benchmarks/compare_kernels.py a32ff77``, against the float64
   version, 2 threads: float32 forward 0-21 % faster, backward 2-21 %, by view and by the
-  machine's state; float64 unchanged). The vector width is LLVM's choice for the host CPU: on
-  Intel's AVX-512 server cores its tuning prefers 256-bit registers (8 float32 lanes), on AMD Zen 4
-  (``znver4``) it uses 512-bit ones. Overriding it on the Intel VM (``NUMBA_CPU_FEATURES`` = the host's
-  features plus ``-prefer-256-bit``) gave 512-bit code but no consistent gain (three alternating
-  processes, hot and cold caches: 0.6-1.65 by run, medians within noise), and it would be
-  process-wide, so the package leaves it. The mean enters as a
+  machine's state; float64 unchanged). The loops are vectorized with registers of up to 512 bits
+  (16 float32 lanes) where the CPU has them, though LLVM's tuning for Intel's AVX-512 cores prefers
+  256 (``_WideVectorsCompiler``). The mean enters as a
   float32 pair, ``(x - mu_hi) - mu_lo`` (see ``_split``), so a large mean next to a small spread
   costs nothing. For float64
   data this is the reference's arithmetic. For float32,
@@ -156,8 +153,11 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import prange
-from numba.core import cgutils
+from numba.core import cgutils, lowering
 from numba.core import types as nbtypes
+from numba.core.compiler import CompilerBase, DefaultPassBuilder
+from numba.core.compiler_machinery import register_pass
+from numba.core.typed_passes import NativeLowering
 from numba.extending import intrinsic, overload
 
 try:
@@ -249,6 +249,9 @@ SHORT_ROW_VALUES = 16
 SHORT_ROW_LOOP_BACKWARD_BYTES = 32
 # The forward takes such rows in batches of this many bytes: see _forward_rows.
 SHORT_ROWS_BATCH_BYTES = 4096
+# LLVM vectorizes the items' loops and the reduction helpers with registers of up to this many bits where the CPU
+# has them, whatever its tuning prefers: see _WideVectorsCompiler.
+PREFERRED_VECTOR_BITS = 512
 # columns of a piece of the few rows' backward (``_backward_few_rows_kernel``); the forward takes rows of at least
 # ROW_PIECES_MIN_BYTES in such pieces (``_forward_rows_kernel``)
 ROW_PIECE_BYTES = 16 * 1024
@@ -276,8 +279,68 @@ def _masked_vector_instructions() -> bool:
 
 SHORT_ROWS_AS_VECTORS = _masked_vector_instructions()
 
+
+class _WideVectorsLower(lowering.Lower):
+    """numba's lowering of a function, which marks the function for LLVM to vectorize with registers of up to
+    PREFERRED_VECTOR_BITS (see ``_WideVectorsCompiler``)."""
+
+    def pre_lower(self):
+        super().pre_lower()
+        # (a string attribute, which llvmlite's set of attributes refuses by name: added to the set as set does)
+        set.add(self.function.attributes, f'"prefer-vector-width"="{PREFERRED_VECTOR_BITS}"')
+
+
+@register_pass(mutates_CFG=True, analysis_only=False)
+class _WideVectorsLowering(NativeLowering):
+    _name = "minigrad_norm_wide_vectors_lowering"
+
+    @property
+    def lowering_class(self):
+        return _WideVectorsLower
+
+
+class _WideVectorsCompiler(CompilerBase):
+    """numba's nopython pipeline with ``_WideVectorsLower`` as its lowering: the compiler of the items (``_item``)
+    and of the reduction helpers (``_helper``), which hold the kernels' loops.
+
+    LLVM's tuning for Intel's AVX-512 cores prefers 256-bit vectors, as GCC's and Clang's do
+    (``-mprefer-vector-width=256``: 512-bit arithmetic lowered the clock of the first such server cores); for AMD's
+    Zen 4 and 5 it takes 512-bit ones already. The kernels do a few operations a value on data from memory, and
+    with half the instructions a value ``benchmarks/compare_kernels.py --floor`` (the 2-core Intel Emerald Rapids
+    VM, new/twin 0.94-1.04) took from cold caches on 2 threads, forward, backward (without dweight/dbias):
+    - float32 LayerNorm 8192x1024 0.94, 0.87 (0.95), 65536x128 0.99, 0.85 (0.87), 4096x768 0.96, 0.95;
+      InstanceNorm 32x64x56x56 1.00, 0.95; GroupNorm 0.93, 1.00 (0.97); BatchNorm2d 0.98, 0.97; BatchNorm1d
+      8192x1024 0.96, 1.02; on 4x4 maps GroupNorm 1.01, 0.93, InstanceNorm (whose rows are one vector each already,
+      ``_ShortRow``) 1.00, 1.02;
+    - float64 LayerNorm 8192x1024 0.90, 0.93 (0.97), 65536x128 1.04, 0.87 (0.91), 4096x768 0.91, 0.91;
+      InstanceNorm 0.92, 0.92; GroupNorm 0.93, 0.91; BatchNorm2d 0.92, 0.95 (0.88); BatchNorm1d 0.94, 1.01; on 4x4
+      maps InstanceNorm 1.02, 1.01, GroupNorm 1.03, 1.07 (1.07 in another run too; 0.89 without dweight/dbias);
+    - but the backward with dweight/dbias of rows of 16 KiB or more whose dx does not stream: float32 512x4096
+      1.04-1.05, 256x8192 1.01-1.20, float64 512x4096 1.10-1.12, 256x8192 0.99-1.12, by run; the loss is the dx
+      loop's, which adds the terms (with only the helpers compiled so, float64 512x4096 1.00, but 8192x1024 0.97 and
+      65536x128 0.95; the loop in pieces of 4 KiB, 1.12-1.20). Where dx streams (2048x4096) the backward took
+      0.89-0.92.
+    Hot on 2 threads, LayerNorm rows of 1024 and 4096 values and InstanceNorm 16x64x56x56 took 0.87-1.02 of the
+    time; on one thread, rows and blocks in L2, 0.87-1.05 by view, as far apart as the twin read (0.90-1.13). The
+    cold compile of every kernel took 0.90 of the time (``benchmarks/compile_time.py HEAD --rounds 2``: 71.2 s
+    against 78.9). (Set for the whole process, as ``NUMBA_CPU_FEATURES`` with ``-prefer-256-bit`` sets it, an
+    earlier session had measured this in alternated processes, which read 0.6-1.65 apart, and seen nothing; a
+    function at a time, in one process, it shows. Where a CPU has no 512-bit registers the attribute changes
+    nothing.)"""
+
+    def define_pipelines(self):
+        pipeline = DefaultPassBuilder.define_nopython_pipeline(self.state)
+        # (numba's own builders assemble a pipeline so, through its list of passes)
+        pipeline.passes = [
+            (_WideVectorsLowering, "native lowering, wide vectors") if pass_ is NativeLowering else (pass_, about)
+            for pass_, about in pipeline.passes
+        ]
+        pipeline.finalize()
+        return [pipeline]
+
+
 _sum_flags = {"reassoc"}
-_helper = numba.njit(error_model="numpy", fastmath=_sum_flags, inline="never")
+_helper = numba.njit(error_model="numpy", fastmath=_sum_flags, inline="never", pipeline_class=_WideVectorsCompiler)
 
 
 def _in_dtype_of(a, v):
@@ -1463,8 +1526,9 @@ def _jit_cached(py_func: Callable, **options: object) -> Callable:
 
 
 def _item(py_func: Callable) -> Callable:
-    """A work item's loop, compiled (and cached) on its own and called by symbol (``_call_item``)."""
-    return _jit_cached(py_func)
+    """A work item's loop, compiled (and cached) on its own and called by symbol (``_call_item``), with vectors of
+    up to PREFERRED_VECTOR_BITS (``_WideVectorsCompiler``)."""
+    return _jit_cached(py_func, pipeline_class=_WideVectorsCompiler)
 
 
 _item_symbols: dict[tuple[str, tuple], tuple[str, nbtypes.Type]] = {}
