@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import inspect
@@ -263,7 +264,7 @@ def test_both_compiles_of_a_kernel_call_its_item_by_symbol_and_hold_none_of_its_
 
 def test_the_items_and_the_reduction_helpers_are_vectorized_with_512_bit_registers_where_the_cpu_has_them(tmp_path):
     """LLVM's tuning for Intel's AVX-512 cores prefers 256-bit vectors; the items and the reduction helpers are
-    compiled with the function attribute that overrides it (``_WideVectorsCompiler``), and the kernels, which only
+    compiled with the function attribute that overrides it (``_WideVectorsLowering``), and the kernels, which only
     call them, without. Where the CPU numba compiles for has AVX-512, an item's and a helper's machine code then
     use its 512-bit registers (zmm). (On an empty cache: numba shows no code of a function loaded from its cache.)"""
     code = """
@@ -284,6 +285,45 @@ def test_the_items_and_the_reduction_helpers_are_vectorized_with_512_bit_registe
     """
     out = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
     assert out == ["True", "True", "False", "True", "True"]
+
+
+def test_the_items_inliner_builds_each_inlined_functions_ir_once_and_gives_numbas_machine_code(monkeypatch):
+    """numba inlines an ``inline="always"`` call by building the callee's IR anew at each call site; the items'
+    pipeline builds it once in each inlining pass (``_InlineWorker``), for the same code. Compiled afresh both ways,
+    one group's float32 rows backward (whose dx function, inlined once, inlines ``_dx_row_affine`` at three call
+    sites) has the same machine code but for numba's numbering of functions, and ``_dx_row_affine``'s IR is built
+    once instead of three times."""
+    from numba.core.inline_closurecall import InlineWorker
+    from numba.core.untyped_passes import InlineInlinables
+
+    from minigrad_norm.kernels import numba_cpu
+
+    x = np.ones((64, 1, 256, 1), np.float32)
+    w = np.ones((1, 256), np.float32)
+    _, mean, var = reference.norm_forward(x, w, w, 1e-5)
+    numba_cpu.norm_backward(x, x, mean, reference.rstd(var, 1e-5), w)
+    signature = next(s for s in numba_cpu._backward_rows.signatures if "Literal[bool](True)" in map(str, s))
+    built = collections.Counter()
+    build = InlineWorker.run_untyped_passes
+
+    def counted(self, function, *args, **kwargs):
+        built[function.__name__] += 1
+        return build(self, function, *args, **kwargs)
+
+    monkeypatch.setattr(InlineWorker, "run_untyped_passes", counted)
+
+    def compiled() -> tuple[str, int]:
+        built.clear()
+        item = numba.njit(error_model="numpy", pipeline_class=numba_cpu._ItemCompiler)(numba_cpu._backward_rows.py_func)
+        item.compile(signature)
+        code = "\n".join(re.sub("#.*", "", line) for line in item.inspect_asm(signature).splitlines())
+        return re.sub(r"B\d+v\d+B", "B", code), built["_dx_row_affine"]
+
+    ours = compiled()
+    monkeypatch.delitem(numba_cpu._OUR_PASSES, InlineInlinables)  # (numba's own inlining pass, then)
+    numbas = compiled()
+    assert (ours[1], numbas[1]) == (1, 3)
+    assert ours[0] == numbas[0]
 
 
 def test_a_call_by_symbol_returns_the_items_value_raises_its_error_and_types_literals_as_literals(monkeypatch):

@@ -35,7 +35,7 @@ Design points, each one tested in ``tests/test_kernels.py``:
   version, 2 threads: float32 forward 0-21 % faster, backward 2-21 %, by view and by the
   machine's state; float64 unchanged). The loops are vectorized with registers of up to 512 bits
   (16 float32 lanes) where the CPU has them, though LLVM's tuning for Intel's AVX-512 cores prefers
-  256 (``_WideVectorsCompiler``). The mean enters as a
+  256 (``_WideVectorsLowering``). The mean enters as a
   float32 pair, ``(x - mu_hi) - mu_lo`` (see ``_split``), so a large mean next to a small spread
   costs nothing. For float64
   data this is the reference's arithmetic. For float32,
@@ -134,6 +134,7 @@ Design points, each one tested in ``tests/test_kernels.py``:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import math
@@ -154,10 +155,13 @@ import numpy as np
 from llvmlite import ir
 from numba import prange
 from numba.core import cgutils, lowering
+from numba.core import ir as nbir
 from numba.core import types as nbtypes
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import register_pass
+from numba.core.inline_closurecall import InlineWorker
 from numba.core.typed_passes import NativeLowering
+from numba.core.untyped_passes import InlineInlinables
 from numba.extending import intrinsic, overload
 
 try:
@@ -250,7 +254,7 @@ SHORT_ROW_LOOP_BACKWARD_BYTES = 32
 # The forward takes such rows in batches of this many bytes: see _forward_rows.
 SHORT_ROWS_BATCH_BYTES = 4096
 # LLVM vectorizes the items' loops and the reduction helpers with registers of up to this many bits where the CPU
-# has them, whatever its tuning prefers: see _WideVectorsCompiler.
+# has them, whatever its tuning prefers: see _WideVectorsLowering.
 PREFERRED_VECTOR_BITS = 512
 # columns of a piece of the few rows' backward (``_backward_few_rows_kernel``); the forward takes rows of at least
 # ROW_PIECES_MIN_BYTES in such pieces (``_forward_rows_kernel``)
@@ -282,7 +286,7 @@ SHORT_ROWS_AS_VECTORS = _masked_vector_instructions()
 
 class _WideVectorsLower(lowering.Lower):
     """numba's lowering of a function, which marks the function for LLVM to vectorize with registers of up to
-    PREFERRED_VECTOR_BITS (see ``_WideVectorsCompiler``)."""
+    PREFERRED_VECTOR_BITS (see ``_WideVectorsLowering``)."""
 
     def pre_lower(self):
         super().pre_lower()
@@ -292,16 +296,8 @@ class _WideVectorsLower(lowering.Lower):
 
 @register_pass(mutates_CFG=True, analysis_only=False)
 class _WideVectorsLowering(NativeLowering):
-    _name = "minigrad_norm_wide_vectors_lowering"
-
-    @property
-    def lowering_class(self):
-        return _WideVectorsLower
-
-
-class _WideVectorsCompiler(CompilerBase):
-    """numba's nopython pipeline with ``_WideVectorsLower`` as its lowering: the compiler of the items (``_item``)
-    and of the reduction helpers (``_helper``), which hold the kernels' loops.
+    """numba's lowering pass, with ``_WideVectorsLower`` (in the items' and the reduction helpers' pipeline,
+    ``_ItemCompiler``).
 
     LLVM's tuning for Intel's AVX-512 cores prefers 256-bit vectors, as GCC's and Clang's do
     (``-mprefer-vector-width=256``: 512-bit arithmetic lowered the clock of the first such server cores); for AMD's
@@ -328,19 +324,102 @@ class _WideVectorsCompiler(CompilerBase):
     function at a time, in one process, it shows. Where a CPU has no 512-bit registers the attribute changes
     nothing.)"""
 
+    _name = "minigrad_norm_wide_vectors_lowering"
+
+    @property
+    def lowering_class(self):
+        return _WideVectorsLower
+
+
+class _CallSiteScope(nbir.Scope):
+    """The variable scope of a function that numba is inlining at one call site (``_InlineWorker``): deep copied, it
+    gives the call site's own copy of it, ``call_site``, the same one every time."""
+
+    def __deepcopy__(self, memo):
+        return self.call_site
+
+
+class _InlineWorker(InlineWorker):
+    """numba's inliner of ``inline="always"`` calls, to the same IR with less work.
+
+    numba inlines a call by building the callee's IR anew (its untyped passes, which inline the callee's own calls,
+    each callee's IR built anew in turn), copying it block by block, where each block's copy copies the function's
+    whole scope of variables again, then copying that copy, which the inlining pass drops (it is kept for callers
+    that want the callee's IR unchanged). The items inline functions three or four deep: ``_dx_row_to``, its calls
+    inlined, is 863 statements in 68 blocks over 1216 variables, and a copy took 0.30 s, a call site of it 1.4 s.
+    Here a function's IR is built once in an inlining pass (the pass that compiles one function, during which no
+    module constant changes: ``_untyped``) and copied at each call site, and both of numba's copies of it share one
+    copy of its scope (``_CallSiteScope``): 0.06 s a copy. The machine code is the same, function for function (every
+    item and helper of both dtypes, compared; a test compares one). The cold compile of every kernel in one process
+    spent 7.5 s inlining instead of 19.5 (timed around each inlining, the same hour), and in two processes took 0.92
+    of the time (``benchmarks/compile_time.py HEAD --rounds 3``, the Intel VM: 67.6 s against 73.7). (What is left
+    is mostly numba's two copies, 0.3 s a call site of ``_dx_row_to``, which only a copy of numba's ``inline_ir``
+    with one copy instead would save; and inlining the kernels' own calls, 1.6 s, which go through numba's pass.)"""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._compiler_pipeline = _untyped_pipeline  # (so the callees' own calls are inlined here too)
+        self._untyped = {}
+
+    def inline_function(self, caller_ir, block, i, function, arg_typs=None):
+        if function not in self._untyped:
+            self._untyped[function] = self.run_untyped_passes(function)
+        callee_ir = self._untyped[function]
+        # (one scope for all of a function's blocks, as numba's passes check; its Scope class only for this call)
+        scope = next(iter(callee_ir.blocks.values())).scope
+        call_site = copy.deepcopy(scope)
+        for s in (scope, call_site):
+            s.__class__, s.call_site = _CallSiteScope, call_site
+        try:
+            return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars, arg_typs)
+        finally:
+            for s in (scope, call_site):
+                s.__class__ = nbir.Scope
+                del s.call_site
+
+
+@register_pass(mutates_CFG=True, analysis_only=False)
+class _InlineOnceInlinables(InlineInlinables):
+    """numba's pass inlining ``inline="always"`` calls, through ``_InlineWorker``."""
+
+    _name = "minigrad_norm_inline_inlinables"
+
+    def _do_work(self, state, work_list, block, i, expr, inline_worker):
+        # (numba's run_pass makes a worker for the run and hands it to each call: ours stands in for it, one a run)
+        key = "minigrad_norm_inline_worker"
+        if state.get(key, (None,))[0] is not inline_worker:
+            w = inline_worker
+            state[key] = w, _InlineWorker(w.typingctx, w.targetctx, w.locals, w.pipeline, w.flags, w.validator)
+        return super()._do_work(state, work_list, block, i, expr, state[key][1])
+
+
+_OUR_PASSES = {NativeLowering: _WideVectorsLowering, InlineInlinables: _InlineOnceInlinables}
+
+
+def _with_our_passes(pipeline):
+    """numba's ``pipeline`` with ``_OUR_PASSES`` in place of numba's."""
+    # (numba's own builders assemble a pipeline so, through its list of passes)
+    pipeline.passes = [(_OUR_PASSES.get(pass_, pass_), about) for pass_, about in pipeline.passes]
+    pipeline.finalize()
+    return pipeline
+
+
+def _untyped_pipeline(state):
+    """numba's untyped passes, which it runs on a function before inlining it, with ``_OUR_PASSES``."""
+    return _with_our_passes(DefaultPassBuilder.define_untyped_pipeline(state))
+
+
+class _ItemCompiler(CompilerBase):
+    """numba's nopython pipeline with ``_OUR_PASSES``: the compiler of the items (``_item``) and of the reduction
+    helpers (``_helper``), which hold the kernels' loops. Their code is numba's; ``_WideVectorsLowering`` marks it
+    for wider vectors, and ``_InlineOnceInlinables`` inlines it in less time."""
+
     def define_pipelines(self):
-        pipeline = DefaultPassBuilder.define_nopython_pipeline(self.state)
-        # (numba's own builders assemble a pipeline so, through its list of passes)
-        pipeline.passes = [
-            (_WideVectorsLowering, "native lowering, wide vectors") if pass_ is NativeLowering else (pass_, about)
-            for pass_, about in pipeline.passes
-        ]
-        pipeline.finalize()
-        return [pipeline]
+        return [_with_our_passes(DefaultPassBuilder.define_nopython_pipeline(self.state))]
 
 
 _sum_flags = {"reassoc"}
-_helper = numba.njit(error_model="numpy", fastmath=_sum_flags, inline="never", pipeline_class=_WideVectorsCompiler)
+_helper = numba.njit(error_model="numpy", fastmath=_sum_flags, inline="never", pipeline_class=_ItemCompiler)
 
 
 def _in_dtype_of(a, v):
@@ -1496,13 +1575,13 @@ def _jit_cached(py_func: Callable, **options: object) -> Callable:
 # 1.15x the time). (Inlined into the parallel kernel's prange body, the same loops had made the cold compile of
 # every kernel take 61-64 s instead of 34: items have always been calls.)
 #
-# The functions these loops call per block or per row are inlined by numba (``inline="always"``), each call
-# site a copy to type and optimize: without that on any helper the cold compile of every kernel took 62 s
-# instead of 81, but rows of 16 values 2-2.6x the time (LLVM left the row functions as calls); without it on
-# the block functions only (``_normalize_block``, ``_dx_block``, ``_backward_sums``...), 72 s, but the
-# forward of InstanceNorm's 8x8 maps 1.41x and 16x16 maps 1.12x (``compare_kernels.py --cold``, 2 threads,
-# the AMD Zen 4 VM); with ``_stream_copy`` and ``_block_ahead`` left as calls as well (even where the branch
-# to them is not taken), the rows' backward and the blocks' forward 1.28-1.45x.
+# The functions these loops call per block or per row are inlined by numba (``inline="always"``, through the items' own
+# inlining pass, ``_InlineWorker``), each call site a copy to type and optimize: without that on any helper the cold
+# compile of every kernel took 62 s instead of 81, but rows of 16 values 2-2.6x the time (LLVM left the row functions as
+# calls); without it on the block functions only (``_normalize_block``, ``_dx_block``, ``_backward_sums``...), 72 s, but
+# the forward of InstanceNorm's 8x8 maps 1.41x and 16x16 maps 1.12x (``compare_kernels.py --cold``, 2 threads, the AMD
+# Zen 4 VM); with ``_stream_copy`` and ``_block_ahead`` left as calls as well (even where the branch to them is not
+# taken), the rows' backward and the blocks' forward 1.28-1.45x.
 #
 # Rows (S == 1, no mask, statistics per block: LayerNorm, RMSNorm) take loops of their own, which LLVM
 # compiles to much less per-row work than the general loops: serial, in cache, the forward took 0.6-0.8x
@@ -1527,8 +1606,8 @@ def _jit_cached(py_func: Callable, **options: object) -> Callable:
 
 def _item(py_func: Callable) -> Callable:
     """A work item's loop, compiled (and cached) on its own and called by symbol (``_call_item``), with vectors of
-    up to PREFERRED_VECTOR_BITS (``_WideVectorsCompiler``)."""
-    return _jit_cached(py_func, pipeline_class=_WideVectorsCompiler)
+    up to PREFERRED_VECTOR_BITS (``_ItemCompiler``)."""
+    return _jit_cached(py_func, pipeline_class=_ItemCompiler)
 
 
 _item_symbols: dict[tuple[str, tuple], tuple[str, nbtypes.Type]] = {}
