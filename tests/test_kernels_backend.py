@@ -266,7 +266,10 @@ def test_the_items_and_the_reduction_helpers_are_vectorized_with_512_bit_registe
     """LLVM's tuning for Intel's AVX-512 cores prefers 256-bit vectors; the items and the reduction helpers are
     compiled with the function attribute that overrides it (``_WideVectorsLowering``), and the kernels, which only
     call them, without. Where the CPU numba compiles for has AVX-512, an item's and a helper's machine code then
-    use its 512-bit registers (zmm). (On an empty cache: numba shows no code of a function loaded from its cache.)"""
+    use its 512-bit registers (zmm) in more instructions than the same function compiled with the attribute at 256
+    bits (the short rows' vectors of 16 float32 values are zmm registers whatever the preference, so zmm alone
+    would not tell), and the helper's reduction uses none at 256 bits; without AVX-512, no zmm at all. (On an empty
+    cache: numba shows no code of a function loaded from its cache.)"""
     code = """
         import re
         import numpy as np
@@ -280,8 +283,23 @@ def test_the_items_and_the_reduction_helpers_are_vectorized_with_512_bit_registe
             print(all(attribute in code for code in compiled.inspect_llvm().values()), end=" ")
         features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
         avx512 = "+avx512f" in features.split(",")
-        for compiled in (numba_cpu._forward_rows, numba_cpu._sum):
-            print(all((re.search(r"%zmm", code) is not None) == avx512 for code in compiled.inspect_asm().values()))
+
+        def zmm_instructions(compiled):
+            (code,) = compiled.inspect_asm().values()
+            return len(re.findall(r"^\\s+v\\w+\\s.*%zmm", code, re.M))
+
+        wide = [zmm_instructions(f) for f in (numba_cpu._forward_rows, numba_cpu._sum)]
+        numba_cpu.PREFERRED_VECTOR_BITS = 256  # (read as each function is lowered)
+        narrow = []
+        for f in (numba_cpu._forward_rows, numba_cpu._sum):
+            options = {k: v for k, v in f.targetoptions.items() if k not in ("cache", "nopython")}
+            again = numba.njit(**options, pipeline_class=numba_cpu._ItemCompiler)(f.py_func)
+            again.compile(f.signatures[0])
+            narrow.append(zmm_instructions(again))
+        if avx512:
+            print(wide[0] > narrow[0], wide[1] > 0 == narrow[1])
+        else:
+            print(wide == narrow == [0, 0], True)
     """
     out = run_python(code, NUMBA_CACHE_DIR=str(tmp_path)).stdout.split()
     assert out == ["True", "True", "False", "True", "True"]

@@ -331,12 +331,12 @@ class _WideVectorsLowering(NativeLowering):
         return _WideVectorsLower
 
 
-class _CallSiteScope(nbir.Scope):
-    """The variable scope of a function that numba is inlining at one call site (``_InlineWorker``): deep copied, it
-    gives the call site's own copy of it, ``call_site``, the same one every time."""
+class _CallSiteBlock(nbir.Block):
+    """A block of the copy of a function's IR that numba is inlining at one call site (``_InlineWorker``): deep
+    copied, it is itself, the call site's copy already."""
 
     def __deepcopy__(self, memo):
-        return self.call_site
+        return self
 
 
 class _InlineWorker(InlineWorker):
@@ -348,13 +348,16 @@ class _InlineWorker(InlineWorker):
     that want the callee's IR unchanged). The items inline functions three or four deep: ``_dx_row_to``, its calls
     inlined, is 863 statements in 68 blocks over 1216 variables, and a copy took 0.30 s, a call site of it 1.6 s.
     Here a function's IR is built once in an inlining pass (the pass that compiles one function, during which no
-    module constant changes: ``_untyped``) and copied at each call site, and both of numba's copies of it share one
-    copy of its scope (``_CallSiteScope``): 0.06 s a copy. The machine code is the same, function for function (every
-    item and helper of both dtypes, compared; a test compares one). The cold compile of every kernel in one process
-    spent 7.5 s inlining instead of 19.5 (timed around each inlining, the same hour), and in two processes took 0.92
-    of the time (``benchmarks/compile_time.py HEAD --rounds 3``, the Intel VM: 67.6 s against 73.7). (What is left
-    is mostly numba's two copies, 0.3 s a call site of ``_dx_row_to``, which only a copy of numba's ``inline_ir``
-    with one copy instead would save; and inlining the kernels' own calls, 1.6 s, which go through numba's pass.)"""
+    module constant changes: ``_untyped``) and copied once at each call site, all its blocks in one deep copy (so
+    one copy of the scope, which they all share, as numba's passes check), and numba's two copies of that copy are
+    the copy itself (``_CallSiteBlock``; numba's inlining pass drops the second, ``InlineInlinables._do_work``).
+    The machine code is the same, function for function (every item and helper of both dtypes, compared; a test
+    compares one). The cold compile of every kernel: with the IR built once (numba still copying it twice, one copy
+    of the scope per call site), inlining took 7.5 s instead of 19.5 in one process (timed around each inlining,
+    the same hour) and the whole 0.92 of the time in two (``benchmarks/compile_time.py HEAD --rounds 3``, the Intel
+    VM: 67.6 s against 73.7); with one copy instead of those two, 0.96 again, in one process (92.8 s against 97.0,
+    ``--what every_in_one_process --rounds 2``) and in two (50.6 s against 52.7, ``--rounds 3``; a faster hour).
+    (What is left: inlining the kernels' own calls, 1.6 s, which go through numba's pass.)"""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -364,18 +367,16 @@ class _InlineWorker(InlineWorker):
     def inline_function(self, caller_ir, block, i, function, arg_typs=None):
         if function not in self._untyped:
             self._untyped[function] = self.run_untyped_passes(function)
-        callee_ir = self._untyped[function]
-        # (one scope for all of a function's blocks, as numba's passes check; its Scope class only for this call)
-        scope = next(iter(callee_ir.blocks.values())).scope
-        call_site = copy.deepcopy(scope)
-        for s in (scope, call_site):
-            s.__class__, s.call_site = _CallSiteScope, call_site
+        callee_ir = self._untyped[function].copy()
+        callee_ir.blocks = copy.deepcopy(callee_ir.blocks)
+        blocks = list(callee_ir.blocks.values())  # (numba's inliner keeps them, relabelled, in the caller)
+        for b in blocks:
+            b.__class__ = _CallSiteBlock  # (only for this call: the caller's IR may be copied later)
         try:
             return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars, arg_typs)
         finally:
-            for s in (scope, call_site):
-                s.__class__ = nbir.Scope
-                del s.call_site
+            for b in blocks:
+                b.__class__ = nbir.Block
 
 
 @register_pass(mutates_CFG=True, analysis_only=False)
