@@ -413,7 +413,15 @@ def _untyped_pipeline(state):
 class _ItemCompiler(CompilerBase):
     """numba's nopython pipeline with ``_OUR_PASSES``: the compiler of the items (``_item``) and of the reduction
     helpers (``_helper``), which hold the kernels' loops. Their code is numba's; ``_WideVectorsLowering`` marks it
-    for wider vectors, and ``_InlineOnceInlinables`` inlines it in less time."""
+    for wider vectors, and ``_InlineOnceInlinables`` inlines it in less time.
+
+    (Not taken: the items' and helpers' code libraries without the LLVM function passes that numba runs on each
+    function as it adds a module, before the module passes at finalize. For a float32 compile of the rows' backward
+    and the groups' forward, numba's LLVM pass timings read 4.5 s instead of 7.2, to other machine code (the helpers'
+    about 8% longer); ``benchmarks/compile_time.py`` took every kernel 0.91 of the time in one process (98.9 s against
+    108.3) but 1.09 in two (53.4 against 48.9), and four alternated pairs of three kernels' compiles 0.82-1.18, the
+    Intel VM in a noisy hour; the kernels from cold caches 0.94-1.04 of the time, hot on one thread 0.95-1.07
+    (``compare_kernels.py --floor``, new/twin 0.97-1.23): no gain shown, for a second hook into numba's internals.)"""
 
     def define_pipelines(self):
         return [_with_our_passes(DefaultPassBuilder.define_nopython_pipeline(self.state))]
