@@ -2774,6 +2774,29 @@ def _row_item(i, N, G, n_chunks, g_blocks, per_block, pdw, pdb):
     return c, n_first, n_last, g_first, g_last
 
 
+@_item
+def _sum_chunks(pdw, pdb):
+    """pdw[0] and pdb[0] = the sums of the chunks' partial rows pdw[c] and pdb[c] (pdw is (n_chunks, G, K)), added in
+    chunk order, (pdw[0] + pdw[1]) + pdw[2] ...: the same bits on any number of threads.
+
+    In the kernel, after its parallel loop, rather than by NumPy after the call (``p.sum(axis=0)`` on each, the same
+    additions and the same bits): NumPy's two reductions took 90 microseconds of a hot float32 LayerNorm backward
+    of 512x4096 (1 MiB of partial rows), and from cold caches about 110 even on a few columns, their instructions
+    fetched from memory too. ``benchmarks/compare_kernels.py HEAD --floor`` (the Intel VM, float32, 2 threads, hot)
+    took the backward of LayerNorm 256x1024 0.95 of the time, 1024x1024 0.96, 512x4096, 2048x2048 and 4096x768
+    0.98-0.99 (twin 0.99-1.01; without dweight/dbias, which has no partial rows, 1.00); from cold caches (float32
+    and float64 views of every norm) 0.94-1.02 (twin 0.96-1.03), but the float64 GroupNorm 32x8x8x3136 1.05-1.09
+    in two runs, where the two copies of the new code read 1.01-1.05 apart (its partial rows are 4 KiB)."""
+    pdw, pdb = _borrowed(pdw), _borrowed(pdb)
+    total_w, total_b = pdw[0], pdb[0]
+    for c in range(1, pdw.shape[0]):
+        pw, pb = pdw[c], pdb[c]
+        for g in range(pw.shape[0]):
+            for k in range(pw.shape[1]):
+                total_w[g, k] += pw[g, k]
+                total_b[g, k] += pb[g, k]
+
+
 def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw, pdb, terms_all, stream):
     """The rows' backward; item i's term rows are terms_all[i] (the caller's, from the buffer pool: see
     ``_backward_by_groups``), zeroed here."""
@@ -2812,6 +2835,7 @@ def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affin
             )  # fmt: skip
         if stream:
             _store_fence()
+    _call_item(_sum_chunks, pdw, pdb)
 
 
 def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw, pdb):
@@ -2833,6 +2857,7 @@ def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, 
             _backward_rows_lean, dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], n_first,
             n_last, g_first, g_last,
         )  # fmt: skip
+    _call_item(_sum_chunks, pdw, pdb)
 
 
 def _backward_few_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, dw, db, sums, piece, stream):
@@ -2933,6 +2958,7 @@ def _backward_groups_kernel(
         )  # fmt: skip
         if stream:
             _store_fence()
+    _call_item(_sum_chunks, pdw, pdb)
 
 
 def _rstd_kernel(var, eps, r):
@@ -3552,12 +3578,7 @@ def _backward_by_groups(
             dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, _mask2(mask, N), mask is not None, fixed_stats, dx3,
             affine, pdw, pdb, K, S, stream,
         )  # fmt: skip
-    if not affine:
-        return None, None
-    if n_chunks == 1:
-        return pdw[0], pdb[0]
-    # the partial sums added in chunk order: the same bits on any number of threads
-    return tuple(p.sum(axis=0, out=POOL.empty(p.shape[1:], p.dtype)) for p in (pdw, pdb))
+    return (pdw[0], pdb[0]) if affine else (None, None)
 
 
 def rstd(var: np.ndarray, eps: float) -> np.ndarray:
