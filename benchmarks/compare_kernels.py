@@ -2,6 +2,7 @@
 
     python benchmarks/compare_kernels.py REV [--views 8192x1x1024x1 32x8x8x3136 ...]
                                              [--dtype float32] [--threads 2] [--rounds 60] [--cold] [--floor]
+                                             [--wrapper]
 
 Loads ``minigrad_norm/kernels/numba_cpu.py`` as it was at git revision REV into a
 module of its own (compiled into its own cache), then times forward, backward,
@@ -35,6 +36,22 @@ the benchmark times the listed shapes: without it the arrays of these shapes can
 stay in a large L3 from call to call, and a change that helps only when x comes
 from DRAM (a prefetch) shows nothing.
 A view whose name ends in "bn" (32x64x1x3136bn) reduces over the batch (BatchNorm).
+
+``--wrapper`` also times, in the same rounds, a copy of the working tree's module whose
+kernels do nothing (``wrapper_only``): what a call costs around its kernel, in Python
+(argument checks, the choice of loop and work items, buffers from the pool, the kernel's
+lookup; not numba's dispatch of the kernel's arguments, which counts as the kernel's). Hot
+that is tens of microseconds; from cold caches the interpreter's and NumPy's code and data
+come from memory too. ``compare_kernels.py HEAD --cold --wrapper`` (the Intel VM, 2 threads,
+the default views and 4096x64x1x16): forwards 0.15-0.29 ms, 3-11 % of the call, backwards
+0.18-0.43 ms, 2-14 % (float32 LayerNorm 512x4096: 0.38 of 2.7 ms). Taken apart with timers
+inside a copy of ``norm_backward`` (float64 LayerNorm 512x4096, cold; before the kernels
+summed their own partial rows, ``_sum_chunks``): the argument checks 64 us, the checks of
+the dtypes and the mean 25 (float32, whose float64 mean is tested against float32's range,
+66), three buffers from the pool 79, NumPy's sums of dweight's and dbias's partial rows
+176-196. A step timed alone from cold caches costs what it will not cost inside a call
+whose earlier steps ran the same code: three pool buffers fewer per backward showed nothing
+in whole calls (0.99-1.02).
 """
 
 from __future__ import annotations
@@ -106,6 +123,18 @@ def runners(mod, p: dict) -> dict:
     return fns
 
 
+def wrapper_only(path: Path):
+    """The working tree's module loaded again from ``path``, its kernels replaced by calls that do nothing, before
+    any is compiled: its public functions then run all their Python and no kernel."""
+    module = load_source((ROOT / "minigrad_norm" / "kernels" / "numba_cpu.py").read_text(), path)
+
+    def nothing(*args: object) -> None:
+        return None
+
+    module._KERNELS = {name: (nothing, nothing) for name in module._KERNELS}
+    return module
+
+
 def interleaved(fns: list, rounds: int, before=None) -> list[float]:
     """Median ms of each of ``fns``, called in turn, each round in an order rotated by one and every other
     cycle reversed (for two: AB BA BA AB), so that none always runs in the cache state another leaves
@@ -145,6 +174,12 @@ def main() -> None:
         help="also time a second copy of the working tree's kernels, loaded as REV's are, in the same rounds: "
         "new/twin, two copies of the same code, is the floor under which new/old shows nothing",
     )
+    parser.add_argument(
+        "--wrapper",
+        action="store_true",
+        help="also time the working tree's functions with kernels that do nothing, in the same rounds: the Python "
+        "around the kernels ('wrapper ms', and its share of new)",
+    )
     args = parser.parse_args()
     # REV and the twin come from this checkout; the new kernels are whatever Python imports, which a
     # non-editable install (or another checkout's editable one) puts ahead of this working tree
@@ -161,18 +196,25 @@ def main() -> None:
         if args.floor:
             source = (ROOT / "minigrad_norm" / "kernels" / "numba_cpu.py").read_text()
             modules.append(load_source(source, Path(tmp) / "numba_cpu_twin.py"))
+        if args.wrapper:
+            modules.append(wrapper_only(Path(tmp) / "numba_cpu_wrapper.py"))
         state = "cold" if args.cold else "hot"
         print(f"numba kernels: {args.rev} (old) against the working tree (new), {args.dtype}, {args.threads} threads")
         print(f"{state} caches")
         floor = f" {'twin ms':>9} {'new/twin':>8}" if args.floor else ""
-        print(f"{'view':>16} {'direction':>22} {'old ms':>9} {'new ms':>9} {'new/old':>8}{floor}")
+        wrapper = f" {'wrapper ms':>10} {'of new':>6}" if args.wrapper else ""
+        print(f"{'view':>16} {'direction':>22} {'old ms':>9} {'new ms':>9} {'new/old':>8}{floor}{wrapper}")
         for view in args.views:
             arrays = problem(view, np.dtype(args.dtype))
             calls = [runners(module, arrays) for module in modules]
             for direction in calls[0]:
                 t = interleaved([c[direction] for c in calls], args.rounds, before)
                 line = f"{view:>16} {direction:>22} {t[0]:>9.3f} {t[1]:>9.3f} {t[1] / t[0]:>8.2f}"
-                print(line + (f" {t[2]:>9.3f} {t[1] / t[2]:>8.2f}" if args.floor else ""))
+                if args.floor:
+                    line += f" {t[2]:>9.3f} {t[1] / t[2]:>8.2f}"
+                if args.wrapper:
+                    line += f" {t[-1]:>10.3f} {t[-1] / t[1]:>6.0%}"
+                print(line)
                 sys.stdout.flush()
 
 

@@ -1890,6 +1890,26 @@ def test_compare_kernels_interleaves_so_no_version_keeps_one_place(k):
         assert sorted(r[place] for r in rounds) == sorted(list(range(k)) * 2)
 
 
+def test_compare_kernels_wrapper_runs_the_python_of_a_call_and_no_kernel(tmp_path):
+    """``compare_kernels.py --wrapper`` times a copy of the module whose kernels do nothing: its forward and backward
+    must run their Python to the end (the output buffer the caller gave them returned) and compute nothing, compile
+    nothing, and leave the package's own module and its kernels alone."""
+    from minigrad_norm.kernels import numba_cpu
+
+    wrapper = _benchmark_script("compare_kernels").wrapper_only(tmp_path / "numba_cpu_wrapper.py")
+    assert wrapper is not numba_cpu
+    assert all(isinstance(k, numba.core.dispatcher.Dispatcher) for pair in numba_cpu._KERNELS.values() for k in pair)
+    x = np.random.default_rng(0).standard_normal((512, 1, 64, 1))
+    w = np.ones((1, 64))
+    y, dx = np.full_like(x, 7.0), np.full_like(x, 7.0)
+    assert wrapper.norm_forward(x, w, w, 1e-5, out=y)[0] is y
+    mean, rstd = x.mean(axis=(2, 3)), np.ones((512, 1))
+    assert wrapper.norm_backward(x, x, mean, rstd, w, out=dx)[0] is dx
+    assert (y == 7.0).all() and (dx == 7.0).all()
+    compiled = [f for f in vars(wrapper).values() if isinstance(f, numba.core.dispatcher.Dispatcher) and f.signatures]
+    assert compiled == []
+
+
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_aten_layer_norm_times_the_same_work_as_the_kernels(direction):
     """``benchmarks/aten_layer_norm.py`` compares the kernels with ATen's own LayerNorm: both must compute the same
