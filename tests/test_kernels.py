@@ -643,6 +643,29 @@ def test_short_rows_as_vectors(monkeypatch, dtype, parallel, layer_norm):
         check_case(case)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
+@pytest.mark.parametrize("dtype, affine_dtype", [(np.float32,) * 2, (np.float64,) * 2, (np.float32, np.float64)])
+def test_short_rows_in_blocks_are_the_rows_one_at_a_time(dtype, affine_dtype):
+    """The forward takes short rows SHORT_ROW_VALUES at a time (``_short_block_forward``: their sums together, and
+    their rstd and mean splits as vectors) where a work item holds that many, and the others one at a time: both must
+    give the same bits. 1200 rows of 3 groups (64 work items of 19 rows: a block of 16, weight rows cycling across
+    it, and 3 rows alone) against the same rows in calls of 63 rows (items of one row, none in a block); rows of a
+    NaN, of infinities, of a mean 1e4 beside a spread of 1, constant; with and without bias and centering."""
+    rng = np.random.default_rng(11)
+    N, G = 400, 3
+    for L in range(1, numba_cpu.SHORT_ROW_VALUES + 1):
+        x = (rng.standard_normal((N, G, 1, L)) * 2 + 1).astype(dtype)
+        x[1, 0, 0, 0], x[2, 2, 0, -1], x[3, 1, 0, 0], x[4, 0, 0, :] = np.nan, np.inf, -np.inf, 3.0
+        x[5, 1] = (rng.standard_normal(L) + 1e4).astype(dtype).reshape(1, L)
+        w, b = (rng.standard_normal((G, 1)).astype(affine_dtype) for _ in range(2))
+        for bias, centered in ((b, True), (None, True), (b, False)):
+            together = numba_cpu.norm_forward(x, w, bias, EPS, centered=centered)
+            for n0 in range(0, N, 21):
+                alone = numba_cpu.norm_forward(x[n0 : n0 + 21], w, bias, EPS, centered=centered)
+                for name, got, want in zip(("y", "mean", "var"), together, alone):
+                    np.testing.assert_array_equal(got[n0 : n0 + 21], want, err_msg=f"{name} {L=} {n0=}")
+
+
 @numba.njit
 def _short_row_calls(x, dy, w, b, y, dx, mu, r, proj, mdx, fixed):
     """Every short-row intrinsic on one row (a view into a padded buffer): its sums, and y and dx in place."""
@@ -715,8 +738,9 @@ def test_short_rows_touch_no_memory_past_the_array(monkeypatch, dtype, parallel)
     reference's."""
     monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
     rng = np.random.default_rng(5)
-    for L in (1, 5, 9, 15):
-        view = (7, 5, 1, L)
+    # (1024 rows: 64 work items of SHORT_ROW_VALUES rows, each one block of ``_short_block_forward``, the last at the
+    # page)
+    for view in (v for L in (1, 5, 9, 15, 16) for v in ((7, 5, 1, L), (256, 4, 1, L))):
         x, dy, y, dx = (_guarded(int(np.prod(view)), dtype).reshape(view) for _ in range(4))
         x[...] = rng.standard_normal(view)
         dy[...] = rng.standard_normal(view)

@@ -685,8 +685,9 @@ def _stream_copy(src, dst):
 # stores: a lane past the row's end touches no memory (it reads as 0 and is not written), so there is no fault
 # at the end of an array and no write into the next row, which another thread may own. Each does what the loop
 # named in its docstring does, value for value the same operations in the same types; only its sums add in an
-# order of their own (``_ShortRow.sum``). Only where the CPU has masked vector instructions (SHORT_ROWS_AS_VECTORS:
-# x86's AVX2 and AVX-512); elsewhere the rows take the loops.
+# order of their own (``_ShortRow.sum``). The forward takes SHORT_ROW_VALUES such rows at a time (``_ShortRows``,
+# ``_short_block_forward``). Only where the CPU has masked vector instructions (SHORT_ROWS_AS_VECTORS: x86's AVX2 and
+# AVX-512); elsewhere the rows take the loops.
 
 
 class _ShortRow:
@@ -695,9 +696,12 @@ class _ShortRow:
 
     def __init__(self, context, builder, arraytype, array):
         self.context, self.builder = context, builder
-        n = builder.extract_value(context.make_array(arraytype)(context, builder, array).shape, 0)
+        self.mask_past(builder.extract_value(context.make_array(arraytype)(context, builder, array).shape, 0))
+
+    def mask_past(self, n):
+        """Rows of n values: ``n`` and ``mask`` (lanes < n) set."""
         lanes = ir.Constant(ir.VectorType(n.type, SHORT_ROW_VALUES), list(range(SHORT_ROW_VALUES)))
-        self.mask = builder.icmp_unsigned("<", lanes, self.splat(n))
+        self.n, self.mask = n, self.builder.icmp_unsigned("<", lanes, self.splat(n))
 
     def splat(self, value):
         """A vector of ``value`` in every lane."""
@@ -707,10 +711,10 @@ class _ShortRow:
         )
         return self.builder.shuffle_vector(lane0, lane0, ir.Constant(ir.VectorType(i32, SHORT_ROW_VALUES), 0))
 
-    def _masked(self, op, arraytype, array):
-        """(the row's vector type, its data as a pointer to one, the intrinsic llvm.masked.``op`` for it)."""
-        vector = ir.VectorType(self.context.get_data_type(arraytype.dtype), SHORT_ROW_VALUES)
-        data = self.context.make_array(arraytype)(self.context, self.builder, array).data
+    def _masked(self, op, dtype, data):
+        """(the row's vector type, ``data`` (a pointer to values of ``dtype``) as a pointer to one, the intrinsic
+        llvm.masked.``op`` for it)."""
+        vector = ir.VectorType(self.context.get_data_type(dtype), SHORT_ROW_VALUES)
         pointer = self.builder.bitcast(data, vector.as_pointer())
         i32 = ir.IntType(32)
         if op == "load":
@@ -718,7 +722,7 @@ class _ShortRow:
         else:
             signature = ir.FunctionType(ir.VoidType(), [vector, pointer.type, i32, self.mask.type])
         # (named for typed pointers, ...p0v16f32, as llvmlite writes them; LLVMs of opaque pointers rename it ...p0)
-        kind = f"v{SHORT_ROW_VALUES}f{arraytype.dtype.bitwidth}"
+        kind = f"v{SHORT_ROW_VALUES}f{dtype.bitwidth}"
         return (
             vector,
             pointer,
@@ -727,16 +731,25 @@ class _ShortRow:
 
     def load(self, arraytype, array):
         """The row, 0 in the lanes past its end (for which no memory is read)."""
-        vector, pointer, load = self._masked("load", arraytype, array)
-        align = ir.Constant(ir.IntType(32), arraytype.dtype.bitwidth // 8)
+        return self.load_at(arraytype.dtype, self.context.make_array(arraytype)(self.context, self.builder, array).data)
+
+    def load_at(self, dtype, data):
+        """``load`` of the row of ``dtype`` that starts at ``data``."""
+        vector, pointer, load = self._masked("load", dtype, data)
+        align = ir.Constant(ir.IntType(32), dtype.bitwidth // 8)
         return self.builder.call(load, [pointer, align, self.mask, ir.Constant(vector, None)])
 
     def store(self, arraytype, array, value):
         """``value`` into the row, rounded to its dtype if wider (its lanes past the row's end are not written)."""
-        vector, pointer, store = self._masked("store", arraytype, array)
+        data = self.context.make_array(arraytype)(self.context, self.builder, array).data
+        self.store_at(arraytype.dtype, data, value)
+
+    def store_at(self, dtype, data, value):
+        """``store`` into the row of ``dtype`` that starts at ``data``."""
+        vector, pointer, store = self._masked("store", dtype, data)
         if value.type != vector:
             value = self.builder.fptrunc(value, vector)
-        align = ir.Constant(ir.IntType(32), arraytype.dtype.bitwidth // 8)
+        align = ir.Constant(ir.IntType(32), dtype.bitwidth // 8)
         self.builder.call(store, [value, pointer, align, self.mask])
 
     def float64(self, value):
@@ -782,6 +795,114 @@ class _ShortRow:
             )
             value, lanes = self.builder.fadd(low, high), half
         return self.builder.extract_element(value, ir.Constant(i32, 0))
+
+
+class _ShortRows(_ShortRow):
+    """``_ShortRow`` for a block of SHORT_ROW_VALUES rows of n <= SHORT_ROW_VALUES values each (a 2-D C-contiguous
+    array), whose sums it takes together (``sums``)."""
+
+    def __init__(self, context, builder, blocktype, block):
+        self.context, self.builder = context, builder
+        array = context.make_array(blocktype)(context, builder, block)
+        self.data = array.data
+        self.mask_past(builder.extract_value(array.shape, 1))
+
+    def row_at(self, data, r):
+        """Where row r (an int, or an LLVM integer) of a C-contiguous array of such rows that starts at ``data``
+        starts."""
+        r = r if isinstance(r, ir.Value) else ir.Constant(self.n.type, r)
+        return self.builder.gep(data, [self.builder.mul(r, self.n)])
+
+    def sums(self, rows):
+        """The sums of the lanes of each of the SHORT_ROW_VALUES vectors ``rows``, as one vector (lane r: row r's),
+        each added as ``_ShortRow.sum`` adds one row, the same bits: halves added pairwise, lane i + lane i + 8,
+        then i + 4, i + 2, i + 1. Two rows at a time, each step's halves of both rows gathered into one vector (the
+        shuffles that ``sum`` spends on one row move two), so that 16 rows take 15 vector additions where one at a
+        time they take 64, on chains of 4 additions that do not wait on each other."""
+        i32, lanes = ir.IntType(32), SHORT_ROW_VALUES
+        per_row, vectors = lanes, list(rows)  # (each vector: lanes // per_row rows of per_row partial sums)
+        while len(vectors) > 1:
+            half = per_row // 2
+            count = lanes // per_row  # (rows in each vector)
+            low = [t * per_row + i for t in range(count) for i in range(half)]
+            low = low + [lanes + k for k in low]
+            high = [k + half for k in low]
+            vectors = [
+                self.builder.fadd(
+                    *(self.builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, lanes), m)) for m in (low, high))
+                )
+                for a, b in zip(vectors[0::2], vectors[1::2])
+            ]
+            per_row = half
+        return vectors[0]
+
+    def store_sums(self, arraytype, array, value):
+        """The vector ``value`` of SHORT_ROW_VALUES float64 sums into the first SHORT_ROW_VALUES values of ``array``."""
+        data = self.context.make_array(arraytype)(self.context, self.builder, array).data
+        self.builder.store(value, self.builder.bitcast(data, value.type.as_pointer()), align=8)
+
+
+@intrinsic
+def _short_block_forward(typingctx, xb, yb, w2, b2, g, has_b, eps, centered, mean, var):
+    """The forward of a block of SHORT_ROW_VALUES rows, xb[r] -> yb[r], row r the weight and bias rows (g + r) % G of
+    w2 and b2 (G, n), its mean and variance into mean[r] and var[r]: what the short rows' three passes in
+    ``_forward_rows`` do to each row (``_short_sum`` / n, or 0 without ``centered``; ``_short_sum_sq_dev`` / n;
+    rstd = 1 / sqrt(var + eps); ``_short_normalize_row``), the same operations and bits, each row loaded once
+    and all 16 rows' sums taken together (``_ShortRows.sums``), and their divisions, square roots, and means'
+    splits (``_split``) done as vectors of 16 rows."""
+
+    def codegen(context, builder, sig, args):
+        rows = _ShortRows(context, builder, sig.args[0], args[0])
+        xtype, ytype, wtype, btype = sig.args[:4]
+        y_data, w_data, b_data = (
+            context.make_array(t)(context, builder, a).data for t, a in zip(sig.args[1:4], args[1:4])
+        )
+        G = builder.extract_value(context.make_array(wtype)(context, builder, args[2]).shape, 0)
+        g, has_b, eps, centered, mean, var = args[4:10]
+        lanes = SHORT_ROW_VALUES
+        f64 = ir.VectorType(ir.DoubleType(), lanes)
+        i32 = ir.IntType(32)
+
+        def lane(v, r):
+            return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, lanes), r))
+
+        x = [rows.load_at(xtype.dtype, rows.row_at(rows.data, r)) for r in range(lanes)]
+        wide = [rows.float64(v) for v in x]
+        n = rows.splat(builder.sitofp(rows.n, ir.DoubleType()))
+        means = builder.select(centered, builder.fdiv(rows.sums(wide), n), ir.Constant(f64, None))
+        squares = []
+        for r in range(lanes):
+            d = rows.sub(wide[r], lane(means, r))
+            squares.append(rows.zero_past_end(rows.mul(d, d)))
+        variances = builder.fdiv(rows.sums(squares), n)
+        rows.store_sums(sig.args[8], mean, means)
+        rows.store_sums(sig.args[9], var, variances)
+        sqrt = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64]), f"llvm.sqrt.v{lanes}f64")
+        rstd = builder.fdiv(
+            ir.Constant(f64, [1.0] * lanes), builder.call(sqrt, [builder.fadd(variances, rows.splat(eps))])
+        )
+        # _split and _in_dtype_of, lane by lane: mu_hi = mu rounded to x's dtype, mu_lo = (mu - mu_hi) rounded (0 where
+        # mu is not finite), rstd rounded; float64 data: (mu, 0, rstd)
+        data = ir.VectorType(context.get_data_type(xtype.dtype), lanes)
+        if data == f64:
+            mu_hi, mu_lo, r_x = means, ir.Constant(f64, None), rstd
+        else:
+            mu_hi = builder.fptrunc(means, data)
+            fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64]), f"llvm.fabs.v{lanes}f64")
+            finite = builder.fcmp_ordered("<", builder.call(fabs, [means]), ir.Constant(f64, [math.inf] * lanes))
+            low = builder.fptrunc(builder.fsub(means, builder.fpext(mu_hi, f64)), data)
+            mu_lo = builder.select(finite, low, ir.Constant(data, None))
+            r_x = builder.fptrunc(rstd, data)
+        for r in range(lanes):
+            w = rows.load_at(wtype.dtype, rows.row_at(w_data, g))
+            b = rows.load_at(btype.dtype, rows.row_at(b_data, g))
+            y = rows.mul(rows.mul(rows.sub(rows.sub(x[r], lane(mu_hi, r)), lane(mu_lo, r)), lane(r_x, r)), w)
+            rows.store_at(ytype.dtype, rows.row_at(y_data, r), rows.choose(has_b, rows.add(y, b), y))
+            g = builder.add(g, ir.Constant(g.type, 1))
+            g = builder.select(builder.icmp_signed("==", g, G), ir.Constant(g.type, 0), g)
+        return context.get_dummy_value()
+
+    return nbtypes.none(xb, yb, w2, b2, g, has_b, eps, centered, mean, var), codegen
 
 
 @intrinsic
@@ -1708,6 +1829,15 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
     # square roots in loops of their own (vectorized) 1.01-1.04 of the batches' time. In batches, the next batch's x
     # prefetched into L1 at the start of each took float32 rows of 16 values (InstanceNorm 4096x64x4x4, 2048x64x4x4,
     # cold) 1.01 and 0.97, and its y too, with write intent (``prefetchw``), 1.18-1.21.
+    # Then blocks of SHORT_ROW_VALUES rows in one step each (``_short_block_forward``: each row loaded once, the
+    # block's sums together, its rstd and splits as vectors; the same bits): ``compare_kernels.py --cold --floor``
+    # (the Intel VM, 2 threads, new/twin 0.93-1.04, two runs) took float32 rows of 16, 9 and 4 values (InstanceNorm's
+    # maps, (N, 64, 1, S), 16-32 MiB) 0.75-0.77, 0.71-0.76 and 0.65-0.70 of the time, LayerNorm 65536x16 0.82-0.86;
+    # float64 rows of 16, 9, 7 and 4 values 0.87-0.92, 0.84-0.89, 0.81 and 0.72-0.76, LayerNorm 0.86-0.93; hot, on
+    # one thread, float32 rows of 16 and 5 values 0.70 and 0.77, float64 0.89 and 0.85; the cold compile of every
+    # kernel 49.3 s against 47.6 (``benchmarks/compile_time.py``, three rounds). Its sums alone, the rest row by row
+    # as before, had taken float32 rows of 16 values 0.95-0.96, of 9 and 4 1.02-1.06: the rows' scalar steps between
+    # vectors were the cost.
     # (Rows in pairs, as the blocks of _forward_groups, took float32 rows of 1024 values 0.91-0.92 of the time
     # (hot and cold), but rows of 128 values 1.00-1.11, of 768 0.94-1.06, float64 rows 0.96-1.06
     # (compare_kernels.py, 2 threads, the Intel VM); on the AMD VM, rows of 4 KiB or more in pairs took float32
@@ -1725,14 +1855,22 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
         for q0 in range(first, last, batch):
             nb = min(batch, last - q0)
             means, variances = mean[q0 : q0 + nb], var[q0 : q0 + nb]
-            # (SHORT_ROWS_AS_VECTORS, a constant: LLVM drops the other branch)
-            for j in range(nb):
+            # (SHORT_ROWS_AS_VECTORS, a constant: LLVM drops the other branch.) Blocks of SHORT_ROW_VALUES rows in
+            # one step each (``_short_block_forward``), the rows after the last whole block in the three passes.
+            blocks = nb // SHORT_ROW_VALUES * SHORT_ROW_VALUES if SHORT_ROWS_AS_VECTORS else 0
+            for j in range(0, blocks, SHORT_ROW_VALUES):
+                k = q0 + j + SHORT_ROW_VALUES
+                _short_block_forward(
+                    x[q0 + j : k], y[q0 + j : k], w2, b2, g, has_b, eps, centered, mean[q0 + j : k], var[q0 + j : k]
+                )
+                g = (g + SHORT_ROW_VALUES) % G
+            for j in range(blocks, nb):
                 xj = x[q0 + j]
                 means[j] = (_short_sum(xj) if SHORT_ROWS_AS_VECTORS else _sum(xj)) / L if centered else 0.0
-            for j in range(nb):
+            for j in range(blocks, nb):
                 xj, mu = x[q0 + j], means[j]
                 variances[j] = (_short_sum_sq_dev(xj, mu) if SHORT_ROWS_AS_VECTORS else _sum_sq_dev(xj, mu)) / L
-            for j in range(nb):
+            for j in range(blocks, nb):
                 rstd = 1.0 / math.sqrt(variances[j] + eps)
                 if SHORT_ROWS_AS_VECTORS:
                     _short_normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
