@@ -123,10 +123,15 @@ def runners(mod, p: dict) -> dict:
     return fns
 
 
+def working_tree(path: Path):
+    """The working tree's numba_cpu.py, imported again from ``path``, as a module of its own."""
+    return load_source((ROOT / "minigrad_norm" / "kernels" / "numba_cpu.py").read_text(), path)
+
+
 def wrapper_only(path: Path):
     """The working tree's module loaded again from ``path``, its kernels replaced by calls that do nothing, before
     any is compiled: its public functions then run all their Python and no kernel."""
-    module = load_source((ROOT / "minigrad_norm" / "kernels" / "numba_cpu.py").read_text(), path)
+    module = working_tree(path)
 
     def nothing(*args: object) -> None:
         return None
@@ -194,8 +199,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         modules = [load_revision(args.rev, Path(tmp)), numba_cpu]
         if args.floor:
-            source = (ROOT / "minigrad_norm" / "kernels" / "numba_cpu.py").read_text()
-            modules.append(load_source(source, Path(tmp) / "numba_cpu_twin.py"))
+            modules.append(working_tree(Path(tmp) / "numba_cpu_twin.py"))
         if args.wrapper:
             modules.append(wrapper_only(Path(tmp) / "numba_cpu_wrapper.py"))
         state = "cold" if args.cold else "hot"

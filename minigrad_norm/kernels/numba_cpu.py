@@ -854,10 +854,8 @@ def _short_block_forward(typingctx, xb, yb, w2, b2, g, has_b, eps, centered, mea
     def codegen(context, builder, sig, args):
         rows = _ShortRows(context, builder, sig.args[0], args[0])
         xtype, ytype, wtype, btype = sig.args[:4]
-        y_data, w_data, b_data = (
-            context.make_array(t)(context, builder, a).data for t, a in zip(sig.args[1:4], args[1:4])
-        )
-        G = builder.extract_value(context.make_array(wtype)(context, builder, args[2]).shape, 0)
+        y_arr, w_arr, b_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[1:4], args[1:4]))
+        y_data, w_data, b_data, G = y_arr.data, w_arr.data, b_arr.data, builder.extract_value(w_arr.shape, 0)
         g, has_b, eps, centered, mean, var = args[4:10]
         lanes = SHORT_ROW_VALUES
         f64 = ir.VectorType(ir.DoubleType(), lanes)
@@ -1859,9 +1857,9 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
             # one step each (``_short_block_forward``), the rows after the last whole block in the three passes.
             blocks = nb // SHORT_ROW_VALUES * SHORT_ROW_VALUES if SHORT_ROWS_AS_VECTORS else 0
             for j in range(0, blocks, SHORT_ROW_VALUES):
-                k = q0 + j + SHORT_ROW_VALUES
+                k = j + SHORT_ROW_VALUES
                 _short_block_forward(
-                    x[q0 + j : k], y[q0 + j : k], w2, b2, g, has_b, eps, centered, mean[q0 + j : k], var[q0 + j : k]
+                    x[q0 + j : q0 + k], y[q0 + j : q0 + k], w2, b2, g, has_b, eps, centered, means[j:k], variances[j:k]
                 )
                 g = (g + SHORT_ROW_VALUES) % G
             for j in range(blocks, nb):
