@@ -667,6 +667,60 @@ def test_short_rows_in_blocks_are_the_rows_one_at_a_time(dtype, affine_dtype):
 
 
 @numba.njit
+def _lean_rows_call(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, blocks):
+    """``_lean_rows`` over every row, as one item, its rows as vectors, in blocks or not."""
+    N, G, _ = x3.shape
+    numba_cpu._lean_rows(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, 0, N, 0, G, True, blocks)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
+@pytest.mark.parametrize("affine_dtype", [np.float32, np.float64])
+def test_short_rows_backward_in_blocks_are_the_rows_one_at_a_time(affine_dtype):
+    """The lean rows' backward takes short rows SHORT_ROW_VALUES at a time (``_short_block_backward``: their sums
+    together, their scalars as vectors) where its items hold that many groups, and the others one at a time: both
+    must give the same bits, dx and the dweight/dbias partial rows. Rows of 37 groups (two blocks and 5 rows alone
+    each n) against the same rows one at a time; NaN, infinities, a zero dy row, constant and 1e4-offset rows;
+    dweight/dbias or not (then a weight per value), centered or not, given statistics. An infinite weight makes
+    the item take its rows one at a time (its sums then give dy * inf = NaN where dy is 0): run through the
+    backward, it must agree with the reference."""
+    rng = np.random.default_rng(12)
+    N, G = 40, 37
+    for L in range(1, numba_cpu.SHORT_ROW_VALUES + 1):
+        x = (rng.standard_normal((N, G, L)) * 2 + 1).astype(np.float32)
+        dy = rng.standard_normal((N, G, L)).astype(np.float32)
+        x[1, 0, 0], x[2, 2, -1], dy[3, 20, 0], x[4, 30, :], dy[6, 5] = np.nan, np.inf, -np.inf, 3.0, 0
+        x[5, 1] = rng.standard_normal(L) + 1e4
+        mean = x.mean(axis=2, dtype=np.float64)
+        rstd = 1 / np.sqrt(x.var(axis=2, dtype=np.float64) + EPS)
+        w_row = np.repeat(rng.standard_normal((G, 1)), L, axis=1).astype(affine_dtype)
+        w_value = rng.standard_normal((G, L)).astype(affine_dtype)
+        for use_mean, fixed in ((True, False), (False, False), (True, True)):
+            for affine, w2 in ((True, w_row), (False, w_value)):
+                results = []
+                for blocks in (True, False):
+                    dx = np.full_like(x, 7.0)
+                    pw, pb = (np.zeros((G, 1 if affine else 0)) for _ in range(2))
+                    _lean_rows_call(dy, x, mean, rstd, w2, use_mean, fixed, dx, affine, pw, pb, blocks)
+                    results.append((dx, pw, pb))
+                for name, got, want in zip(("dx", "dweight", "dbias"), *results):
+                    where = f"{name} {L=} {use_mean=} {fixed=} {affine=}"
+                    np.testing.assert_array_equal(got, want, err_msg=where)
+    # through the backward, its items in blocks (items of 19 groups), and with an infinite weight (one item without)
+    x = (rng.standard_normal((1100, G, 1, 9)) * 2 + 1).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    dy[:, 30, 0, :2] = 0
+    _, mean, var = numba_cpu.norm_forward(x, None, None, EPS)
+    rstd = numba_cpu.rstd(var, EPS)
+    for w in (rng.standard_normal((G, 1)).astype(affine_dtype), np.full((G, 1), np.inf, affine_dtype)):
+        w[30] = np.inf
+        got = numba_cpu.norm_backward(dy, x, mean, rstd, w)
+        want = reference.norm_backward(dy, x, mean, rstd, w)
+        for name, g, r in zip(("dx", "dweight", "dbias"), got, want):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4, err_msg=name)
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(r), err_msg=name)
+
+
+@numba.njit
 def _short_row_calls(x, dy, w, b, y, dx, mu, r, proj, mdx, fixed):
     """Every short-row intrinsic on one row (a view into a padded buffer): its sums, and y and dx in place."""
     numba_cpu._short_normalize_row(x, y, w, b, True, mu, r)

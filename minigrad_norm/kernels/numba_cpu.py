@@ -248,9 +248,11 @@ STREAM_CHUNK_BYTES = 4096
 TERM_BLOCK_ROWS = 8
 # Rows of at most this many values go in one (masked) vector each, on CPUs with masked vector loads and stores
 # (SHORT_ROWS_AS_VECTORS): see "short rows" below. The backward keeps its loops for rows of at most
-# SHORT_ROW_LOOP_BACKWARD_BYTES: see _backward_rows_lean.
+# SHORT_ROW_LOOP_BACKWARD_BYTES, and takes float32 rows of at most SHORT_BLOCK_BACKWARD_VALUES values
+# SHORT_ROW_VALUES rows at a time: see _backward_rows_lean.
 SHORT_ROW_VALUES = 16
 SHORT_ROW_LOOP_BACKWARD_BYTES = 32
+SHORT_BLOCK_BACKWARD_VALUES = 12
 # The forward takes such rows in batches of this many bytes: see _forward_rows.
 SHORT_ROWS_BATCH_BYTES = 4096
 # LLVM vectorizes the items' loops and the reduction helpers with registers of up to this many bits where the CPU
@@ -686,8 +688,9 @@ def _stream_copy(src, dst):
 # at the end of an array and no write into the next row, which another thread may own. Each does what the loop
 # named in its docstring does, value for value the same operations in the same types; only its sums add in an
 # order of their own (``_ShortRow.sum``). The forward takes SHORT_ROW_VALUES such rows at a time (``_ShortRows``,
-# ``_short_block_forward``). Only where the CPU has masked vector instructions (SHORT_ROWS_AS_VECTORS: x86's AVX2 and
-# AVX-512); elsewhere the rows take the loops.
+# ``_short_block_forward``), and so does the backward of float32 rows of at most SHORT_BLOCK_BACKWARD_VALUES values
+# (``_short_block_backward``). Only where the CPU has masked vector instructions (SHORT_ROWS_AS_VECTORS: x86's AVX2
+# and AVX-512); elsewhere the rows take the loops.
 
 
 class _ShortRow:
@@ -841,6 +844,32 @@ class _ShortRows(_ShortRow):
         data = self.context.make_array(arraytype)(self.context, self.builder, array).data
         self.builder.store(value, self.builder.bitcast(data, value.type.as_pointer()), align=8)
 
+    def load_sums(self, arraytype, array):
+        """The first SHORT_ROW_VALUES float64 values of ``array`` as one vector (``store_sums``' inverse)."""
+        data = self.context.make_array(arraytype)(self.context, self.builder, array).data
+        pointer = self.builder.bitcast(data, ir.VectorType(ir.DoubleType(), SHORT_ROW_VALUES).as_pointer())
+        return self.builder.load(pointer, align=8)
+
+    def lane(self, value, r):
+        """Lane r of the vector ``value``, in every lane."""
+        i32 = ir.IntType(32)
+        return self.builder.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, SHORT_ROW_VALUES), r))
+
+    def split(self, means, rstd, dtype):
+        """``_split`` and ``_in_dtype_of``, lane by lane, of the float64 vectors ``means`` and ``rstd`` for data of
+        ``dtype``: (mu_hi, mu_lo, rstd) in it, mu_hi = mu rounded to it, mu_lo = (mu - mu_hi) rounded (0 where mu is
+        not finite), rstd rounded; for float64 data (mu, 0, rstd)."""
+        builder, lanes = self.builder, SHORT_ROW_VALUES
+        f64 = means.type
+        data = ir.VectorType(self.context.get_data_type(dtype), lanes)
+        if data == f64:
+            return means, ir.Constant(f64, None), rstd
+        mu_hi = builder.fptrunc(means, data)
+        fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64]), f"llvm.fabs.v{lanes}f64")
+        finite = builder.fcmp_ordered("<", builder.call(fabs, [means]), ir.Constant(f64, [math.inf] * lanes))
+        low = builder.fptrunc(builder.fsub(means, builder.fpext(mu_hi, f64)), data)
+        return mu_hi, builder.select(finite, low, ir.Constant(data, None)), builder.fptrunc(rstd, data)
+
 
 @intrinsic
 def _short_block_forward(typingctx, xb, yb, w2, b2, g, has_b, eps, centered, mean, var):
@@ -857,13 +886,8 @@ def _short_block_forward(typingctx, xb, yb, w2, b2, g, has_b, eps, centered, mea
         y_arr, w_arr, b_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[1:4], args[1:4]))
         y_data, w_data, b_data, G = y_arr.data, w_arr.data, b_arr.data, builder.extract_value(w_arr.shape, 0)
         g, has_b, eps, centered, mean, var = args[4:10]
-        lanes = SHORT_ROW_VALUES
+        lanes, lane = SHORT_ROW_VALUES, rows.lane
         f64 = ir.VectorType(ir.DoubleType(), lanes)
-        i32 = ir.IntType(32)
-
-        def lane(v, r):
-            return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, lanes), r))
-
         x = [rows.load_at(xtype.dtype, rows.row_at(rows.data, r)) for r in range(lanes)]
         wide = [rows.float64(v) for v in x]
         n = rows.splat(builder.sitofp(rows.n, ir.DoubleType()))
@@ -879,18 +903,7 @@ def _short_block_forward(typingctx, xb, yb, w2, b2, g, has_b, eps, centered, mea
         rstd = builder.fdiv(
             ir.Constant(f64, [1.0] * lanes), builder.call(sqrt, [builder.fadd(variances, rows.splat(eps))])
         )
-        # _split and _in_dtype_of, lane by lane: mu_hi = mu rounded to x's dtype, mu_lo = (mu - mu_hi) rounded (0 where
-        # mu is not finite), rstd rounded; float64 data: (mu, 0, rstd)
-        data = ir.VectorType(context.get_data_type(xtype.dtype), lanes)
-        if data == f64:
-            mu_hi, mu_lo, r_x = means, ir.Constant(f64, None), rstd
-        else:
-            mu_hi = builder.fptrunc(means, data)
-            fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64]), f"llvm.fabs.v{lanes}f64")
-            finite = builder.fcmp_ordered("<", builder.call(fabs, [means]), ir.Constant(f64, [math.inf] * lanes))
-            low = builder.fptrunc(builder.fsub(means, builder.fpext(mu_hi, f64)), data)
-            mu_lo = builder.select(finite, low, ir.Constant(data, None))
-            r_x = builder.fptrunc(rstd, data)
+        mu_hi, mu_lo, r_x = rows.split(means, rstd, xtype.dtype)
         for r in range(lanes):
             w = rows.load_at(wtype.dtype, rows.row_at(w_data, g))
             b = rows.load_at(btype.dtype, rows.row_at(b_data, g))
@@ -990,6 +1003,72 @@ def _short_dx(typingctx, dyb, xb, dxb, w, mh, ml, r, proj, mdx, fixed):
         return context.get_dummy_value()
 
     return nbtypes.none(dyb, xb, dxb, w, mh, ml, r, proj, mdx, fixed), codegen
+
+
+@intrinsic
+def _short_block_backward(typingctx, dyb, xb, dxb, w2, g, mean, rstd, use_mean, fixed, affine, pw, pb):
+    """The backward of a block of SHORT_ROW_VALUES rows dyb[r], xb[r] -> dxb[r], row r's weight row g + r of w2, its
+    mean and rstd mean[r] and rstd[r]: what ``_lean_rows`` does to each row, the same operations and bits, the 16
+    rows' sums taken together (``_ShortRows.sums``) and their scalars as vectors of 16 rows. The rows are read again
+    for dx, from L1, rather than kept through the sums (float32 the same time; float64 rows, which do not come here,
+    1.22 of the rows' time one at a time instead of 1.32).
+
+    The sums, in float64, xhat = (x - mu) * rstd (mu = 0 without ``use_mean``): with ``affine`` (each weight row one
+    finite value w repeated) a = sum(dy) and b = sum(dy * xhat) (``_short_row_dy_sums``), added to pb[r, 0] and
+    pw[r, 0], and A = w * a, B = w * b; without, A = sum(dy * w), B = sum(dy * w * xhat) (``_short_row_dx_sums``).
+    A = B = 0 with ``fixed``. Then proj = B / n, mdx = A / n (0 without ``use_mean``), and dx as ``_short_dx`` takes
+    it, in x's dtype: ((dy * w - xhat * proj) - mdx) * rstd, xhat = ((x - mu_hi) - mu_lo) * rstd, or dy * w * rstd
+    with ``fixed``."""
+
+    def codegen(context, builder, sig, args):
+        rows = _ShortRows(context, builder, sig.args[1], args[1])
+        dytype, xtype, dxtype, wtype = sig.args[:4]
+        dy_data, dx_data, w_data = (context.make_array(sig.args[k])(context, builder, args[k]).data for k in (0, 2, 3))
+        g, use_mean, fixed, affine = args[4], args[7], args[8], args[9]
+        lanes, lane = SHORT_ROW_VALUES, rows.lane
+        f64 = ir.VectorType(ir.DoubleType(), lanes)
+        zero = ir.Constant(f64, None)
+        dy = [rows.load_at(dytype.dtype, rows.row_at(dy_data, r)) for r in range(lanes)]
+        x = [rows.load_at(xtype.dtype, rows.row_at(rows.data, r)) for r in range(lanes)]
+        w = [
+            rows.load_at(wtype.dtype, rows.row_at(w_data, builder.add(g, ir.Constant(g.type, r)))) for r in range(lanes)
+        ]
+        mu = builder.select(use_mean, rows.load_sums(sig.args[5], args[5]), zero)
+        rstd = rows.load_sums(sig.args[6], args[6])
+        terms, term_xhats, first_weights = [], [], zero
+        for r in range(lanes):
+            dy_r, w_r = rows.float64(dy[r]), rows.float64(w[r])
+            term = builder.select(affine, dy_r, rows.mul(dy_r, w_r))
+            xhat = rows.mul(rows.sub(rows.float64(x[r]), lane(mu, r)), lane(rstd, r))
+            terms.append(term)
+            term_xhats.append(rows.zero_past_end(rows.mul(term, xhat)))
+            first_weights = builder.insert_element(
+                first_weights,
+                builder.extract_element(w_r, ir.Constant(ir.IntType(32), 0)),
+                ir.Constant(ir.IntType(32), r),
+            )
+        a, b = rows.sums(terms), rows.sums(term_xhats)
+        with builder.if_then(affine):
+            rows.store_sums(sig.args[10], args[10], builder.fadd(rows.load_sums(sig.args[10], args[10]), b))
+            rows.store_sums(sig.args[11], args[11], builder.fadd(rows.load_sums(sig.args[11], args[11]), a))
+        A = builder.select(affine, builder.fmul(first_weights, a), a)
+        B = builder.select(affine, builder.fmul(first_weights, b), b)
+        n = rows.splat(builder.sitofp(rows.n, ir.DoubleType()))
+        proj = builder.select(fixed, zero, builder.fdiv(B, n))
+        mdx = builder.select(builder.and_(use_mean, builder.not_(fixed)), builder.fdiv(A, n), zero)
+        mu_hi, mu_lo, r_x = rows.split(mu, rstd, xtype.dtype)
+        proj, mdx = (v if v.type == r_x.type else builder.fptrunc(v, r_x.type) for v in (proj, mdx))
+        for r in range(lanes):
+            dy_r = rows.load_at(dytype.dtype, rows.row_at(dy_data, r))
+            x_r = rows.load_at(xtype.dtype, rows.row_at(rows.data, r))
+            w_r = rows.load_at(wtype.dtype, rows.row_at(w_data, builder.add(g, ir.Constant(g.type, r))))
+            dxhat = rows.mul(dy_r, w_r)
+            xhat = rows.mul(rows.sub(rows.sub(x_r, lane(mu_hi, r)), lane(mu_lo, r)), lane(r_x, r))
+            dx = rows.mul(rows.sub(rows.sub(dxhat, rows.mul(xhat, lane(proj, r))), lane(mdx, r)), lane(r_x, r))
+            rows.store_at(dxtype.dtype, rows.row_at(dx_data, r), rows.choose(fixed, rows.mul(dxhat, lane(r_x, r)), dx))
+        return context.get_dummy_value()
+
+    return nbtypes.none(dyb, xb, dxb, w2, g, mean, rstd, use_mean, fixed, affine, pw, pb), codegen
 
 
 # ---------------------------------------------------------------------------
@@ -2140,7 +2219,7 @@ def _backward_rows(
 
 @_item
 def _backward_rows_lean(
-    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last
+    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, blocks
 ):
     """``_backward_rows`` of rows with one dweight and one dbias term each (``affine``: rows whose weight is one value
     repeated, InstanceNorm's small maps taken as rows by ``_as_rows``), into the partial rows of one value
@@ -2164,6 +2243,21 @@ def _backward_rows_lean(
     and 2 values 1.08 and 1.20-1.21 (a vector's fixed work outweighs a loop over so few values). In batches (the
     sums of each n's rows, then their dx), the vectors took 1.05-1.26 of the time of the rows one at a time.
 
+    Float32 rows of at most SHORT_BLOCK_BACKWARD_VALUES values go SHORT_ROW_VALUES rows (n, g..g+15) at a time
+    where the call's items hold that many groups (``_short_block_backward``: each row loaded once, the block's sums
+    added together, its scalars as vectors; the same bits as the rows one at a time as vectors), the rest one at a
+    time as vectors however short, so that all the call's sums add in one order. Against the rows
+    one at a time, ``benchmarks/compare_kernels.py --cold --floor`` (the Intel VM, 2 threads, (N, 64, 1, L) of
+    16-32 MiB, two to four runs; new/twin 0.94-1.04) took float32 rows of 2, 4, 8, 9, 12 and 14 values 0.79,
+    0.75-0.77, 0.68-0.76, 0.78-0.91, 0.91-0.95 and 0.95 of the time with dweight/dbias, 0.85, 0.83-0.84, 0.81-0.82,
+    0.85-0.93, 1.00-1.03 and 1.02 without; rows of 16 values (InstanceNorm's 4x4 maps) 0.96-1.15 and 1.02-1.15,
+    though hot, on one thread (1024, 64, 1, 16), 0.85-0.86 and 0.85-0.89. Float64 rows took 0.98-1.08 (4 and 5
+    values) to 1.04-1.32 (9 and 16), hot 1.17: they stay one at a time. Likely why the longer rows gain nothing from
+    DRAM: a block is some 800 instructions, all its loads first, more than the CPU keeps in flight, so the next
+    block's loads wait for this one's arithmetic, where rows one at a time have the next rows' loads under way; the
+    block pays where the rows' work is the cost, not their bytes. (With the block after next prefetched into L1,
+    float32 rows of 16 values still took 1.08 and 1.15.)
+
     A loop of its own, rather than a case of ``_backward_rows``'s: numba compiles the flags of that loop (stream,
     fixed, the kind of terms) as run-time values, and their branches cost these short rows more than their
     arithmetic. Against them inside that loop, ``benchmarks/compare_kernels.py --floor`` (the AMD VM of CPU family
@@ -2178,26 +2272,57 @@ def _backward_rows_lean(
     dy3, x3, dx3, w2 = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(w2)
     pw, pb = _borrowed(pw), _borrowed(pb)
     # (a copy of the loop for each, its ``short`` a constant: with one loop testing a run-time flag, rows of 2-8
-    # values took 1.03-1.07 of the time)
-    if _short_backward_rows(x3.shape[2], x3.itemsize):
+    # values took 1.03-1.07 of the time. With ``blocks``, the rows outside them go as vectors too, whatever their
+    # length, so that all the rows' sums add in one order, a block's)
+    if _short_backward_rows(x3.shape[2], x3.itemsize) or blocks:
         _lean_rows(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, True
-        )
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, True,
+            blocks,
+        )  # fmt: skip
     else:
         _lean_rows(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, False
-        )
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, False,
+            False,
+        )  # fmt: skip
+
+
+@numba.njit(inline="always")
+def _short_backward_blocks(L, itemsize):
+    """Whether the lean rows' backward takes rows of L values SHORT_ROW_VALUES at a time (``_short_block_backward``)
+    where its items hold that many groups: float32 rows of at most SHORT_BLOCK_BACKWARD_VALUES values, on a CPU with
+    masked vector instructions (SHORT_ROWS_AS_VECTORS). See ``_backward_rows_lean``."""
+    return SHORT_ROWS_AS_VECTORS and itemsize == 4 and L <= SHORT_BLOCK_BACKWARD_VALUES
+
+
+@numba.njit(inline="always")
+def _any_infinite(v):
+    """Whether a value of v is +-inf."""
+    for i in range(v.shape[0]):
+        if math.isinf(v[i]):
+            return True
+    return False
 
 
 @numba.njit(error_model="numpy", inline="always")
 def _lean_rows(
-    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, short
+    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, short, blocks
 ):
-    """``_backward_rows_lean``'s loop, short rows (``_short_backward_rows``) as vectors."""
+    """``_backward_rows_lean``'s loop, ``short`` rows (at most SHORT_ROW_VALUES values) as vectors, and, with
+    ``blocks`` (such rows too), SHORT_ROW_VALUES rows of one n at a time (``_short_block_backward``)."""
     L = x3.shape[2]
     no_mask = np.empty(0, np.bool_)
+    # (an item with an infinite weight takes its rows one at a time: their sums then make dy * inf NaN where dy is 0)
+    blocks = blocks and not (affine and _any_infinite(w2[g_first:g_last, 0]))
+    groups = max(0, g_last - g_first)  # (the items past G are empty)
+    whole = g_first + groups // SHORT_ROW_VALUES * SHORT_ROW_VALUES if blocks else g_first
     for n in range(n_first, n_last):
-        for g in range(g_first, g_last):
+        for g in range(g_first, whole, SHORT_ROW_VALUES):
+            k = g + SHORT_ROW_VALUES
+            _short_block_backward(
+                dy3[n, g:k], x3[n, g:k], dx3[n, g:k], w2, g, mean2[n, g:k], rstd2[n, g:k], use_mean, fixed, affine,
+                pw[g:k], pb[g:k],
+            )  # fmt: skip
+        for g in range(whole, g_last):
             mu = mean2[n, g] if use_mean else 0.0
             r, wg = rstd2[n, g], w2[g]
             if affine:
@@ -2987,11 +3112,14 @@ def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, 
     N, G, L = x3.shape
     n_chunks = pdw.shape[0]
     g_blocks, per_block = _row_blocks(G, n_chunks)
+    # (decided for the call, from its shape: the rows' sums then add in one order whatever the items, see
+    # _backward_rows_lean)
+    blocks = _short_backward_blocks(L, x3.itemsize) and per_block >= SHORT_ROW_VALUES
     for i in prange(n_chunks * g_blocks):
         c, n_first, n_last, g_first, g_last = _row_item(i, N, G, n_chunks, g_blocks, per_block, pdw, pdb)
         _call_item(
             _backward_rows_lean, dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], n_first,
-            n_last, g_first, g_last,
+            n_last, g_first, g_last, blocks,
         )  # fmt: skip
     _call_item(_sum_chunks, pdw, pdb)
 
