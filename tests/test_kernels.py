@@ -705,7 +705,8 @@ def test_short_rows_backward_in_blocks_are_the_rows_one_at_a_time(affine_dtype):
                 for name, got, want in zip(("dx", "dweight", "dbias"), *results):
                     where = f"{name} {L=} {use_mean=} {fixed=} {affine=}"
                     np.testing.assert_array_equal(got, want, err_msg=where)
-    # through the backward, its items in blocks (items of 19 groups), and with an infinite weight (one item without)
+    # through the backward, its items in blocks (items of 19 groups), and with an infinite weight (one item without);
+    # dx into x or dy themselves (a block reads its rows before it writes them)
     x = (rng.standard_normal((1100, G, 1, 9)) * 2 + 1).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
     dy[:, 30, 0, :2] = 0
@@ -718,6 +719,13 @@ def test_short_rows_backward_in_blocks_are_the_rows_one_at_a_time(affine_dtype):
         for name, g, r in zip(("dx", "dweight", "dbias"), got, want):
             np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4, err_msg=name)
             np.testing.assert_array_equal(np.isnan(g), np.isnan(r), err_msg=name)
+        x_out, dy_out = x.copy(), dy.copy()
+        into_x = numba_cpu.norm_backward(dy, x_out, mean, rstd, w, out=x_out)
+        into_dy = numba_cpu.norm_backward(dy_out, x, mean, rstd, w, out=dy_out)
+        assert into_x[0] is x_out and into_dy[0] is dy_out
+        for into in (into_x, into_dy):
+            for g, r in zip(into, got):
+                np.testing.assert_array_equal(g, r)
 
 
 @numba.njit
