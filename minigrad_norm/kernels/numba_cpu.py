@@ -855,20 +855,24 @@ class _ShortRows(_ShortRow):
         i32 = ir.IntType(32)
         return self.builder.shuffle_vector(value, value, ir.Constant(ir.VectorType(i32, SHORT_ROW_VALUES), r))
 
+    def in_dtype(self, value, dtype):
+        """``_in_dtype_of``, lane by lane: the float64 vector ``value`` rounded to ``dtype`` (itself for float64)."""
+        data = ir.VectorType(self.context.get_data_type(dtype), SHORT_ROW_VALUES)
+        return value if value.type == data else self.builder.fptrunc(value, data)
+
     def split(self, means, rstd, dtype):
         """``_split`` and ``_in_dtype_of``, lane by lane, of the float64 vectors ``means`` and ``rstd`` for data of
         ``dtype``: (mu_hi, mu_lo, rstd) in it, mu_hi = mu rounded to it, mu_lo = (mu - mu_hi) rounded (0 where mu is
         not finite), rstd rounded; for float64 data (mu, 0, rstd)."""
         builder, lanes = self.builder, SHORT_ROW_VALUES
         f64 = means.type
-        data = ir.VectorType(self.context.get_data_type(dtype), lanes)
-        if data == f64:
+        mu_hi, r = self.in_dtype(means, dtype), self.in_dtype(rstd, dtype)
+        if mu_hi.type == f64:
             return means, ir.Constant(f64, None), rstd
-        mu_hi = builder.fptrunc(means, data)
         fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64]), f"llvm.fabs.v{lanes}f64")
         finite = builder.fcmp_ordered("<", builder.call(fabs, [means]), ir.Constant(f64, [math.inf] * lanes))
-        low = builder.fptrunc(builder.fsub(means, builder.fpext(mu_hi, f64)), data)
-        return mu_hi, builder.select(finite, low, ir.Constant(data, None)), builder.fptrunc(rstd, data)
+        low = builder.fptrunc(builder.fsub(means, builder.fpext(mu_hi, f64)), mu_hi.type)
+        return mu_hi, builder.select(finite, low, ir.Constant(mu_hi.type, None)), r
 
 
 @intrinsic
@@ -1028,18 +1032,23 @@ def _short_block_backward(typingctx, dyb, xb, dxb, w2, g, mean, rstd, use_mean, 
         lanes, lane = SHORT_ROW_VALUES, rows.lane
         f64 = ir.VectorType(ir.DoubleType(), lanes)
         zero = ir.Constant(f64, None)
-        dy = [rows.load_at(dytype.dtype, rows.row_at(dy_data, r)) for r in range(lanes)]
-        x = [rows.load_at(xtype.dtype, rows.row_at(rows.data, r)) for r in range(lanes)]
-        w = [
-            rows.load_at(wtype.dtype, rows.row_at(w_data, builder.add(g, ir.Constant(g.type, r)))) for r in range(lanes)
-        ]
+
+        def row(r):
+            """(dy, x, w) of row r, in their dtypes."""
+            w_row = rows.row_at(w_data, builder.add(g, ir.Constant(g.type, r)))
+            return (
+                rows.load_at(dytype.dtype, rows.row_at(dy_data, r)),
+                rows.load_at(xtype.dtype, rows.row_at(rows.data, r)),
+                rows.load_at(wtype.dtype, w_row),
+            )
+
         mu = builder.select(use_mean, rows.load_sums(sig.args[5], args[5]), zero)
         rstd = rows.load_sums(sig.args[6], args[6])
         terms, term_xhats, first_weights = [], [], zero
         for r in range(lanes):
-            dy_r, w_r = rows.float64(dy[r]), rows.float64(w[r])
+            dy_r, x_r, w_r = (rows.float64(v) for v in row(r))
             term = builder.select(affine, dy_r, rows.mul(dy_r, w_r))
-            xhat = rows.mul(rows.sub(rows.float64(x[r]), lane(mu, r)), lane(rstd, r))
+            xhat = rows.mul(rows.sub(x_r, lane(mu, r)), lane(rstd, r))
             terms.append(term)
             term_xhats.append(rows.zero_past_end(rows.mul(term, xhat)))
             first_weights = builder.insert_element(
@@ -1057,11 +1066,9 @@ def _short_block_backward(typingctx, dyb, xb, dxb, w2, g, mean, rstd, use_mean, 
         proj = builder.select(fixed, zero, builder.fdiv(B, n))
         mdx = builder.select(builder.and_(use_mean, builder.not_(fixed)), builder.fdiv(A, n), zero)
         mu_hi, mu_lo, r_x = rows.split(mu, rstd, xtype.dtype)
-        proj, mdx = (v if v.type == r_x.type else builder.fptrunc(v, r_x.type) for v in (proj, mdx))
+        proj, mdx = rows.in_dtype(proj, xtype.dtype), rows.in_dtype(mdx, xtype.dtype)
         for r in range(lanes):
-            dy_r = rows.load_at(dytype.dtype, rows.row_at(dy_data, r))
-            x_r = rows.load_at(xtype.dtype, rows.row_at(rows.data, r))
-            w_r = rows.load_at(wtype.dtype, rows.row_at(w_data, builder.add(g, ir.Constant(g.type, r))))
+            dy_r, x_r, w_r = row(r)  # (again, from L1: see above)
             dxhat = rows.mul(dy_r, w_r)
             xhat = rows.mul(rows.sub(rows.sub(x_r, lane(mu_hi, r)), lane(mu_lo, r)), lane(r_x, r))
             dx = rows.mul(rows.sub(rows.sub(dxhat, rows.mul(xhat, lane(proj, r))), lane(mdx, r)), lane(r_x, r))
@@ -2244,10 +2251,10 @@ def _backward_rows_lean(
     sums of each n's rows, then their dx), the vectors took 1.05-1.26 of the time of the rows one at a time.
 
     Float32 rows of at most SHORT_BLOCK_BACKWARD_VALUES values go SHORT_ROW_VALUES rows (n, g..g+15) at a time
-    where the call's items hold that many groups (``_short_block_backward``: each row loaded once, the block's sums
-    added together, its scalars as vectors; the same bits as the rows one at a time as vectors), the rest one at a
-    time as vectors however short, so that all the call's sums add in one order. Against the rows
-    one at a time, ``benchmarks/compare_kernels.py --cold --floor`` (the Intel VM, 2 threads, (N, 64, 1, L) of
+    where the call's items hold that many groups (``_short_block_backward``: the block's sums added together, its
+    scalars as vectors, dx from the rows re-read in L1; the same bits as the rows one at a time as vectors), the
+    rest one at a time as vectors however short, so that all the call's sums add in one order. Against the rows one
+    at a time, ``benchmarks/compare_kernels.py --cold --floor`` (the Intel VM, 2 threads, (N, 64, 1, L) of
     16-32 MiB, two to four runs; new/twin 0.94-1.04) took float32 rows of 2, 4, 8, 9, 12 and 14 values 0.79,
     0.75-0.77, 0.68-0.76, 0.78-0.91, 0.91-0.95 and 0.95 of the time with dweight/dbias, 0.85, 0.83-0.84, 0.81-0.82,
     0.85-0.93, 1.00-1.03 and 1.02 without; rows of 16 values (InstanceNorm's 4x4 maps) 0.96-1.15 and 1.02-1.15,
