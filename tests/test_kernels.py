@@ -670,7 +670,10 @@ def test_short_rows_in_blocks_are_the_rows_one_at_a_time(dtype, affine_dtype):
 def _lean_rows_call(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, blocks):
     """``_lean_rows`` over every row, as one item, its rows as vectors, in blocks or not."""
     N, G, _ = x3.shape
-    numba_cpu._lean_rows(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, 0, N, 0, G, True, blocks)
+    scratch = np.empty(0, dx3.dtype)
+    numba_cpu._lean_rows(
+        dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, 0, N, 0, G, True, blocks, scratch, False
+    )
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
@@ -726,6 +729,74 @@ def test_short_rows_backward_in_blocks_are_the_rows_one_at_a_time(affine_dtype):
         for into in (into_x, into_dy):
             for g, r in zip(into, got):
                 np.testing.assert_array_equal(g, r)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy on the NaN/inf given
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_short_rows_stream_to_the_same_bits(monkeypatch, dtype, parallel):
+    """Short rows (at most SHORT_ROW_VALUES values: InstanceNorm's small maps taken as rows) stream their output
+    where it is big (``SHORT_ROWS_STREAM``): the forward a batch of rows at a time through its scratch
+    (``_forward_rows``), the lean rows' backward a block of SHORT_ROW_VALUES rows at a time (``_lean_rows``; float64
+    rows and float32 rows of 13-16 values then take the blocks too, the same bits as their rows one at a time as
+    vectors), each prefetching the rows ahead. Forced on for every size and block (and off), into ``out`` at a
+    line's start and 5 values into one: the kernels are told to stream, and give the bits of the ordinary stores
+    (y, mean, var, dx, dweight, dbias) for rows of 1-16 values with NaN, infinities and 1e4-offset rows among
+    them, with and without dweight/dbias, on the serial and the parallel compile; the guard values around ``out``
+    stay untouched. With SHORT_ROWS_STREAM off (Intel CPUs), they never stream."""
+    told = []  # (kernel, its last argument: whether it streams)
+
+    def recording(name, kernel):
+        def call(*args):
+            told.append((name, args[-1]))
+            return kernel(*args)
+
+        return call
+
+    kernels = {name: tuple(recording(name, k) for k in pair) for name, pair in numba_cpu._KERNELS.items()}
+    monkeypatch.setattr(numba_cpu, "_KERNELS", kernels)
+    monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
+    monkeypatch.setattr(numba_cpu, "SHORT_ROWS_STREAM", True)  # (off on Intel CPUs, where it was not measured)
+    rng = np.random.default_rng(42)
+    N, G, guard = 1100, 37, 7.0  # (items of 19 groups on the backward: one block and 3 rows alone each n)
+    for L in range(1, numba_cpu.SHORT_ROW_VALUES + 1):
+        x = (rng.standard_normal((N, G, 1, L)) * 2 + 1).astype(dtype)
+        x[1, 0, 0, 0], x[2, 2, 0, -1], x[5, 1] = np.nan, np.inf, rng.standard_normal((1, L)) + 1e4
+        dy = rng.standard_normal(x.shape).astype(dtype)
+        w, b = (rng.standard_normal((G, 1)).astype(dtype) for _ in range(2))
+        for offset in (0, 5):
+            results = {}
+            for stream in (True, False):
+                monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0 if stream else 2**62)
+                monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BLOCK_BYTES", 0)
+                bufs = [np.full(x.size + 32, guard, dtype) for _ in range(2)]
+                y_out, dx_out = (buf[offset : offset + x.size].reshape(x.shape) for buf in bufs)
+                told.clear()
+                y, mean, var = numba_cpu.norm_forward(x, w, b, EPS, out=y_out)
+                rstd = 1 / np.sqrt(var + EPS)
+                grads = numba_cpu.norm_backward(dy, x, mean, rstd, w, out=dx_out)
+                no_affine = numba_cpu.norm_backward(dy, x, mean, rstd, w, need_affine_grads=False, out=dx_out.copy())
+                assert y is y_out and grads[0] is dx_out
+                # (rows of one value are LayerNorm's rows of their own weights, which take the rows' loop)
+                assert [name for name, _ in told[:2]] == [
+                    "rows forward",
+                    "lean rows backward" if L > 1 else "rows backward",
+                ]
+                assert [flag for _, flag in told] == [stream] * 3, (L, offset, told)
+                for buf in bufs:
+                    assert np.all(buf[:offset] == guard) and np.all(buf[offset + x.size :] == guard), (L, offset)
+                results[stream] = (y.copy(), mean, var, *(g.copy() for g in grads), no_affine[0])
+            for name, got, want in zip(
+                ("y", "mean", "var", "dx", "dweight", "dbias", "dx, no affine"), *results.values()
+            ):
+                np.testing.assert_array_equal(got, want, err_msg=f"{name} {L=} {offset=}")
+    # off (SHORT_ROWS_STREAM): short rows never stream, however big their output
+    monkeypatch.setattr(numba_cpu, "SHORT_ROWS_STREAM", False)
+    monkeypatch.setattr(numba_cpu, "STREAMING_STORE_MIN_BYTES", 0)
+    told.clear()
+    y, mean, var = numba_cpu.norm_forward(x, w, b, EPS, out=aligned_empty(x.shape, dtype))
+    numba_cpu.norm_backward(dy, x, mean, 1 / np.sqrt(var + EPS), w, out=aligned_empty(x.shape, dtype))
+    assert told == [("rows forward", False), ("lean rows backward", False)]
 
 
 @numba.njit
@@ -855,12 +926,13 @@ def test_instance_norm_rows_sum_their_terms_per_row_in_float64():
         ((70, 1, 8, 1), True, False),
     ],
 )
-def test_rows_of_one_weight_take_the_lean_loop_and_never_stream(monkeypatch, view, need_affine_grads, lean, stream,
+def test_rows_of_one_weight_take_the_lean_loop(monkeypatch, view, need_affine_grads, lean, stream,
                                                                  eval_stats):  # fmt: skip
     """Rows with one dweight/dbias term each go through ``_backward_rows_lean``, which the general rows' loop,
     whose partial rows hold a term per value, must never be given in their place: a partial row of one value
     folded as one of L would be written past its end. They go there even where dx would stream (forced here for
-    every size): the lean loop does not stream, and such rows never are where dx is big enough. Rows of several
+    every size): the lean loop streams only blocks of short rows (``test_short_rows_stream_to_the_same_bits``), and
+    longer rows of one weight never are where dx is big enough. Rows of several
     groups without terms take the lean loop unless dx streams and they are not short (``_short_backward_rows``: the
     lean loop's vectors, whose sums the rows' loop does not make); LayerNorm's never. Each result the reference's, and
     the streamed calls' (or the lean loop's) bits the same as the others' where the loop differs."""

@@ -255,6 +255,10 @@ SHORT_ROW_LOOP_BACKWARD_BYTES = 32
 SHORT_BLOCK_BACKWARD_VALUES = 12
 # The forward takes such rows in batches of this many bytes: see _forward_rows.
 SHORT_ROWS_BATCH_BYTES = 4096
+# Where their output is big enough to stream (_streams), short rows stream it, the forward's batches and the lean
+# backward's blocks, prefetching their rows PREFETCH_DISTANCE_BYTES ahead; on CPUs other than Intel's, where that was
+# measured (see "Streamed short rows" in _forward_rows).
+SHORT_ROWS_STREAM = not _INTEL
 # LLVM vectorizes the items' loops and the reduction helpers with registers of up to this many bits where the CPU
 # has them, whatever its tuning prefers: see _WideVectorsLowering.
 PREFERRED_VECTOR_BITS = 512
@@ -1388,7 +1392,8 @@ def _stream_pieces(K, S, scratch):
 
 @numba.njit(inline="always")
 def _scratch_len(L, S, rows, itemsize):
-    """Values in the scratch row a streamed block goes through: a LayerNorm row (``rows``) or a run of a
+    """Values in the scratch row a streamed block goes through: a batch of short rows (``rows`` of at most
+    SHORT_ROW_VALUES values, ``_short_rows_batch``) whole, a longer row or a run of a
     block (``_streams_by_runs``) in pieces of STREAM_CHUNK_BYTES, else a whole block of L values.
 
     Computed whole into the scratch row and then streamed out, a long row or block leaves L1 (32 KiB
@@ -1401,6 +1406,8 @@ def _scratch_len(L, S, rows, itemsize):
     of InstanceNorm and BatchNorm (one such run) in pieces of 4 KiB: float32 0.96-1.04 of the time,
     float64 (runs of 24 KiB) 0.89-0.95 cold. In pieces of 8 KiB, LayerNorm rows of 768, 1024 and 4096 values
     took 0.96-1.06 of the time cold, float32 and float64 (``--floor``, the AMD VM of CPU family 26)."""
+    if rows and L <= SHORT_ROW_VALUES:
+        return _short_rows_batch(L, itemsize) * L
     if rows or _streams_by_runs(S, itemsize):
         return min(L, STREAM_CHUNK_BYTES // itemsize)
     return L
@@ -1932,35 +1939,52 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
     # the loop of this row's squared deviations, so that its reads overlap that pass from L1, float64 0.98, 1.04,
     # 1.10, 1.02, float32 0.95-1.03; a batch of short rows computed into a scratch of the batch and streamed out
     # whole, 4 KiB at a time, float32 rows of 16 values 1.11-1.15, float64 rows of 8 values 1.12.)
-    # (rows of 128 bytes or less: never in pieces, and not streamed, as _streams streams the forward's blocks of
+    # Streamed short rows: where y is big enough to stream (``_streams``, for the batch's SHORT_ROWS_BATCH_BYTES, with
+    # SHORT_ROWS_STREAM), a batch is computed into the scratch, which stays in L1, and streamed out whole
+    # (``_stream_copy``), and each block first prefetches the rows PREFETCH_DISTANCE_BYTES ahead of it into L1. Either
+    # alone did little on the AMD VM of CPU family 26 (the streamed batches 1.11-1.15, above; a first prototype, float32
+    # rows of 16 values from cold caches on 2 threads: the prefetch alone 0.81-0.82 of the time, each row's vector
+    # streamed from the block alone 0.85); together, 0.35-0.40: with ordinary stores each line of y is read before it
+    # is written, and those reads and x's wait in line behind the block's arithmetic, where the prefetched x arrives
+    # meanwhile and y goes out without being read. ``benchmarks/compare_kernels.py HEAD --cold --floor`` (that VM, 2
+    # threads, (N, 64, 1, L) of 16-32 MiB, new/twin 0.96-1.02): float32 rows of 16, 9, 8, 4 and 2 values 0.46, 0.57,
+    # 0.49, 0.68 and 0.75 of the time, float64 0.71, 0.54, 0.48, 0.50 and 0.68. (The batch's rows streamed block by
+    # block, 0.43-0.44 and 0.71-0.75 for 16 and 9 values; prefetched 4 KiB ahead, 0.44-0.46 and 0.57.) Not measured on
+    # an Intel CPU, where the streamed batches alone had taken 1.12 (4x4 maps) and 1.48 (rows of 9 values): there
+    # SHORT_ROWS_STREAM is off.
+    # (longer rows of 128 bytes or less: never in pieces, and not streamed, as _streams streams the forward's blocks of
     # STREAMING_STORE_MIN_BLOCK_BYTES or more: where a test sets that to 0, they are written with ordinary stores)
     if L <= SHORT_ROW_VALUES:
-        batch = SHORT_ROWS_BATCH_BYTES // (L * x.itemsize)
+        batch = _short_rows_batch(L, x.itemsize)
+        x_flat, y_flat = x.reshape(x.size), y.reshape(y.size)
+        ahead = PREFETCH_DISTANCE_BYTES // x.itemsize  # (values)
         for q0 in range(first, last, batch):
             nb = min(batch, last - q0)
             means, variances = mean[q0 : q0 + nb], var[q0 : q0 + nb]
+            xb, yb = x[q0 : q0 + nb], scratch[: nb * L].reshape(nb, L) if stream else y[q0 : q0 + nb]
             # (SHORT_ROWS_AS_VECTORS, a constant: LLVM drops the other branch.) Blocks of SHORT_ROW_VALUES rows in
             # one step each (``_short_block_forward``), the rows after the last whole block in the three passes.
             blocks = nb // SHORT_ROW_VALUES * SHORT_ROW_VALUES if SHORT_ROWS_AS_VECTORS else 0
             for j in range(0, blocks, SHORT_ROW_VALUES):
                 k = j + SHORT_ROW_VALUES
-                _short_block_forward(
-                    x[q0 + j : q0 + k], y[q0 + j : q0 + k], w2, b2, g, has_b, eps, centered, means[j:k], variances[j:k]
-                )
+                if stream:
+                    _prefetch_lines(x_flat[(q0 + j) * L + ahead : (q0 + k) * L + ahead], 1)
+                _short_block_forward(xb[j:k], yb[j:k], w2, b2, g, has_b, eps, centered, means[j:k], variances[j:k])
                 g = (g + SHORT_ROW_VALUES) % G
             for j in range(blocks, nb):
-                xj = x[q0 + j]
-                means[j] = (_short_sum(xj) if SHORT_ROWS_AS_VECTORS else _sum(xj)) / L if centered else 0.0
+                means[j] = (_short_sum(xb[j]) if SHORT_ROWS_AS_VECTORS else _sum(xb[j])) / L if centered else 0.0
             for j in range(blocks, nb):
-                xj, mu = x[q0 + j], means[j]
+                xj, mu = xb[j], means[j]
                 variances[j] = (_short_sum_sq_dev(xj, mu) if SHORT_ROWS_AS_VECTORS else _sum_sq_dev(xj, mu)) / L
             for j in range(blocks, nb):
                 rstd = 1.0 / math.sqrt(variances[j] + eps)
                 if SHORT_ROWS_AS_VECTORS:
-                    _short_normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
+                    _short_normalize_row(xb[j], yb[j], w2[g], b2[g], has_b, means[j], rstd)
                 else:
-                    _normalize_row(x[q0 + j], y[q0 + j], w2[g], b2[g], has_b, means[j], rstd)
+                    _normalize_row(xb[j], yb[j], w2[g], b2[g], has_b, means[j], rstd)
                 g = g + 1 if g + 1 < G else 0
+            if stream:
+                _stream_copy(scratch[: nb * L], y_flat[q0 * L : (q0 + nb) * L])
         return
     pieces, piece = _row_pieces(L, x.itemsize)
     # (one call of _normalize_row_to for both: each inlined copy of its loops costs compile time)
@@ -1987,6 +2011,13 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
             var[i] = v
             g = g + 1 if g + 1 < G else 0
         _normalize_row_to(xb, yb, wb, bb, has_b, mu, 1.0 / math.sqrt(v + eps), scratch, stream)
+
+
+@numba.njit(inline="always")
+def _short_rows_batch(L, itemsize):
+    """How many rows of L <= SHORT_ROW_VALUES values the rows' forward takes a step at a time (``_forward_rows``):
+    SHORT_ROWS_BATCH_BYTES of them."""
+    return max(1, SHORT_ROWS_BATCH_BYTES // max(1, L * itemsize))
 
 
 @numba.njit(inline="always")
@@ -2226,11 +2257,13 @@ def _backward_rows(
 
 @_item
 def _backward_rows_lean(
-    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, blocks
-):
+    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, blocks, scratch,
+    stream,
+):  # fmt: skip
     """``_backward_rows`` of rows with one dweight and one dbias term each (``affine``: rows whose weight is one value
     repeated, InstanceNorm's small maps taken as rows by ``_as_rows``), into the partial rows of one value
-    pw[g] = [dweight[g]], pb[g]; or of rows without terms. dx is never streamed here. InstanceNorm's rows always
+    pw[g] = [dweight[g]], pb[g]; or of rows without terms. dx streams only from blocks of short rows (see below,
+    "Streamed"), through ``scratch``, SHORT_ROW_VALUES rows of L values. InstanceNorm's rows always
     come here; rows without terms when they are of several groups (not LayerNorm's or RMSNorm's) and their dx does
     not stream (``_backward_by_groups``).
 
@@ -2265,6 +2298,18 @@ def _backward_rows_lean(
     block pays where the rows' work is the cost, not their bytes. (With the block after next prefetched into L1,
     float32 rows of 16 values still took 1.08 and 1.15.)
 
+    Streamed: where dx is big enough to stream in blocks of SHORT_ROW_VALUES rows (``_streams``: whole cache lines
+    of 512 bytes or more, float32 rows of 8 values or more, float64 of 4; with SHORT_ROWS_STREAM), each block's dx
+    goes through ``scratch`` (in L1) and out with non-temporal stores (``_stream_copy``), after the x and dy rows
+    PREFETCH_DISTANCE_BYTES ahead are prefetched into L1, and the rows that would otherwise go one at a time as
+    vectors take blocks too, float64 rows among them (``_short_backward_blocks``), as in the forward's "Streamed
+    short rows" (``_forward_rows``). ``benchmarks/compare_kernels.py HEAD --cold --floor`` (the AMD VM of CPU family
+    26, 2 threads, (N, 64, 1, L) of 16-32 MiB, new/twin 0.98-1.02) took the backward with dweight/dbias, and
+    without, of float32 rows of 16, 9 and 8 values 0.53 and 0.54, 0.72 and 0.71, 0.69 and 0.70 of the time, of
+    float64 rows 0.57 and 0.59, 0.59 and 0.61, 0.60 and 0.64; hot on one thread, float32 rows of 16 and 9 values
+    0.52-0.55 and 0.64-0.65. (A first prototype, float32 rows of 16 values: blocks with the prefetch alone 0.76-0.81,
+    with their rows' vectors streamed alone 0.94, both 0.47-0.53.)
+
     A loop of its own, rather than a case of ``_backward_rows``'s: numba compiles the flags of that loop (stream,
     fixed, the kind of terms) as run-time values, and their branches cost these short rows more than their
     arithmetic. Against them inside that loop, ``benchmarks/compare_kernels.py --floor`` (the AMD VM of CPU family
@@ -2277,28 +2322,31 @@ def _backward_rows_lean(
     first LayerNorm forward and backward took 17.0 s instead of 14.4, which LayerNorm's rows, each its own group,
     do not repay: 1.00 of the time there.)"""
     dy3, x3, dx3, w2 = _borrowed(dy3), _borrowed(x3), _borrowed(dx3), _borrowed(w2)
-    pw, pb = _borrowed(pw), _borrowed(pb)
+    pw, pb, scratch = _borrowed(pw), _borrowed(pb), _borrowed(scratch)
     # (a copy of the loop for each, its ``short`` a constant: with one loop testing a run-time flag, rows of 2-8
     # values took 1.03-1.07 of the time. With ``blocks``, the rows outside them go as vectors too, whatever their
     # length, so that all the rows' sums add in one order, a block's)
     if _short_backward_rows(x3.shape[2], x3.itemsize) or blocks:
         _lean_rows(
             dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, True,
-            blocks,
+            blocks, scratch, stream,
         )  # fmt: skip
     else:
         _lean_rows(
             dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, False,
-            False,
+            False, scratch, False,
         )  # fmt: skip
 
 
 @numba.njit(inline="always")
-def _short_backward_blocks(L, itemsize):
+def _short_backward_blocks(L, itemsize, stream):
     """Whether the lean rows' backward takes rows of L values SHORT_ROW_VALUES at a time (``_short_block_backward``)
-    where its items hold that many groups: float32 rows of at most SHORT_BLOCK_BACKWARD_VALUES values, on a CPU with
-    masked vector instructions (SHORT_ROWS_AS_VECTORS). See ``_backward_rows_lean``."""
-    return SHORT_ROWS_AS_VECTORS and itemsize == 4 and L <= SHORT_BLOCK_BACKWARD_VALUES
+    where its items hold that many groups: float32 rows of at most SHORT_BLOCK_BACKWARD_VALUES values, and where dx
+    ``stream``s, any rows that would otherwise go one at a time as vectors (``_short_backward_rows``: the same bits),
+    on a CPU with masked vector instructions (SHORT_ROWS_AS_VECTORS). See ``_backward_rows_lean``."""
+    return SHORT_ROWS_AS_VECTORS and (
+        itemsize == 4 and L <= SHORT_BLOCK_BACKWARD_VALUES or stream and _short_backward_rows(L, itemsize)
+    )
 
 
 @numba.njit(inline="always")
@@ -2312,8 +2360,9 @@ def _any_infinite(v):
 
 @numba.njit(error_model="numpy", inline="always")
 def _lean_rows(
-    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, short, blocks
-):
+    dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pw, pb, n_first, n_last, g_first, g_last, short, blocks,
+    scratch, stream,
+):  # fmt: skip
     """``_backward_rows_lean``'s loop, ``short`` rows (at most SHORT_ROW_VALUES values) as vectors, and, with
     ``blocks`` (such rows too), SHORT_ROW_VALUES rows of one n at a time (``_short_block_backward``)."""
     L = x3.shape[2]
@@ -2322,13 +2371,23 @@ def _lean_rows(
     blocks = blocks and not (affine and _any_infinite(w2[g_first:g_last, 0]))
     groups = max(0, g_last - g_first)  # (the items past G are empty)
     whole = g_first + groups // SHORT_ROW_VALUES * SHORT_ROW_VALUES if blocks else g_first
+    G = x3.shape[1]
+    x_flat, dy_flat, dx_flat = x3.reshape(x3.size), dy3.reshape(dy3.size), dx3.reshape(dx3.size)
+    ahead = PREFETCH_DISTANCE_BYTES // x3.itemsize  # (values)
     for n in range(n_first, n_last):
         for g in range(g_first, whole, SHORT_ROW_VALUES):
             k = g + SHORT_ROW_VALUES
+            at, end = (n * G + g) * L, (n * G + k) * L
+            if stream:
+                _prefetch_lines(x_flat[at + ahead : end + ahead], 1)
+                _prefetch_lines(dy_flat[at + ahead : end + ahead], 1)
+            dxb = scratch.reshape(SHORT_ROW_VALUES, L) if stream else dx3[n, g:k]
             _short_block_backward(
-                dy3[n, g:k], x3[n, g:k], dx3[n, g:k], w2, g, mean2[n, g:k], rstd2[n, g:k], use_mean, fixed, affine,
-                pw[g:k], pb[g:k],
+                dy3[n, g:k], x3[n, g:k], dxb, w2, g, mean2[n, g:k], rstd2[n, g:k], use_mean, fixed, affine, pw[g:k],
+                pb[g:k],
             )  # fmt: skip
+            if stream:
+                _stream_copy(scratch, dx_flat[at:end])
         for g in range(whole, g_last):
             mu = mean2[n, g] if use_mean else 0.0
             r, wg = rstd2[n, g], w2[g]
@@ -3106,7 +3165,7 @@ def _backward_rows_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affin
     _call_item(_sum_chunks, pdw, pdb)
 
 
-def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw, pdb):
+def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw, pdb, stream):
     """``_backward_rows_kernel`` for the rows of ``_backward_rows_lean``, in a kernel of its own so that a first
     LayerNorm, whose rows never go there, does not compile that loop too.
 
@@ -3121,13 +3180,16 @@ def _backward_rows_lean_kernel(dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, 
     g_blocks, per_block = _row_blocks(G, n_chunks)
     # (decided for the call, from its shape: the rows' sums then add in one order whatever the items, see
     # _backward_rows_lean)
-    blocks = _short_backward_blocks(L, x3.itemsize) and per_block >= SHORT_ROW_VALUES
+    blocks = _short_backward_blocks(L, x3.itemsize, stream) and per_block >= SHORT_ROW_VALUES
     for i in prange(n_chunks * g_blocks):
         c, n_first, n_last, g_first, g_last = _row_item(i, N, G, n_chunks, g_blocks, per_block, pdw, pdb)
+        scratch = np.empty(SHORT_ROW_VALUES * L if stream and blocks else 0, dtype=dx3.dtype)
         _call_item(
             _backward_rows_lean, dy3, x3, mean2, rstd2, w2, use_mean, fixed, dx3, affine, pdw[c], pdb[c], n_first,
-            n_last, g_first, g_last, blocks,
+            n_last, g_first, g_last, blocks, scratch, stream and blocks,
         )  # fmt: skip
+        if stream and blocks:
+            _store_fence()
     _call_item(_sum_chunks, pdw, pdb)
 
 
@@ -3693,8 +3755,13 @@ def norm_forward(
     if _as_rows(x.shape, x.itemsize, reduce_batch, mask, backward=False, dweight=False):
         w2, b2, K, S = np.repeat(w2, S, axis=1), np.repeat(b2, S, axis=1), K * S, 1
     x3, y3 = xc.reshape(N, G, K * S), y.reshape(N, G, K * S)
-    stream = _streams(y, out, K * S, short_aligned_blocks=False)
-    if _rows(S, mask is not None, reduce_batch) and stats is None:
+    by_rows = _rows(S, mask is not None, reduce_batch) and stats is None
+    if by_rows and K * S <= SHORT_ROW_VALUES:  # (written a batch of rows at a time: see _forward_rows)
+        batch = _short_rows_batch.py_func(K * S, x.itemsize) * K * S
+        stream = SHORT_ROWS_STREAM and _streams(y, out, batch, short_aligned_blocks=False)
+    else:
+        stream = _streams(y, out, K * S, short_aligned_blocks=False)
+    if by_rows:
         by_pieces = _forward_by_pieces(N * G, K * S, x.itemsize, x.size)
         _kernel("rows forward", x.size)(
             x3.reshape(N * G, K * S), w2, b2, bias is not None, float(eps), centered, mean2.reshape(N * G),
@@ -3771,13 +3838,13 @@ def norm_backward(
     elif _as_rows(x.shape, common.itemsize, reduce_batch, mask, backward=True, dweight=affine):
         dweight, dbias = _backward_by_groups(
             dy3, x3, mean2, rstd2, np.repeat(w2, S, axis=1), centered, reduce_batch, mask, fixed_stats, dx, affine,
-            stream(L), terms_per_row=K == 1,
+            stream, terms_per_row=K == 1,
         )  # fmt: skip
         if affine and K > 1:  # (per position: each run's positions added)
             dweight, dbias = dweight.reshape(G, K, S).sum(axis=2), dbias.reshape(G, K, S).sum(axis=2)
     else:
         dweight, dbias = _backward_by_groups(
-            dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream(L),
+            dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream,
             dweight_dtype=weight.dtype if affine else None,
         )  # fmt: skip
     dx = _finish(dx.astype(x.dtype) if common != x.dtype else dx, out)
@@ -3801,7 +3868,8 @@ def _backward_by_groups(
     dy3, x3, mean2, rstd2, w2, centered, reduce_batch, mask, fixed_stats, dx, affine, stream, terms_per_row=False,
     dweight_dtype=np.float64,
 ):  # fmt: skip
-    """The backward of the blocks (``_backward_rows_kernel``, ``_backward_groups_kernel``): dx into ``dx``;
+    """The backward of the blocks (``_backward_rows_kernel``, ``_backward_groups_kernel``): dx into ``dx``,
+    streamed where ``stream(block)`` says for the kernel's blocks of ``block`` values (``_streams``);
     returns (dweight, dbias), or (None, None) without ``affine``; with ``terms_per_row`` (rows whose
     weight is one value repeated) one value per group, (G, 1). They come in float64, or, where the few rows' kernel
     takes the rows and ``dweight_dtype`` (the dtype the caller wants them in) is x's, in x's dtype."""
@@ -3810,6 +3878,7 @@ def _backward_by_groups(
     S = L // K
     n_chunks = _n_chunks(N, G, S, reduce_batch, mask is not None, affine)
     use_mean, dx3 = centered or fixed_stats, dx.reshape(N, G, L)
+    streamed = stream(L)
     rows = _rows(S, mask is not None, reduce_batch)
     # (rows in another dtype than their weight's, rare, take the rows' loop: the few rows' kernel compiles for
     # dweight/dbias in x's dtype only, rounded so from its float64 sums; see the kernel for why. Without dweight and
@@ -3820,7 +3889,7 @@ def _backward_by_groups(
         sums = POOL.empty((N, (L + piece - 1) // piece, 2), np.float64)
         dw, db = (POOL.empty((G, L if affine else 0), x3.dtype) for _ in range(2))
         _kernel("few rows backward", x3.size)(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, dw[0], db[0], sums, piece, stream
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, dw[0], db[0], sums, piece, streamed
         )
         return (dw, db) if affine else (None, None)
     # without affine gradients the partial buffers are empty (K = 0) and the kernel never touches them. From the
@@ -3830,24 +3899,26 @@ def _backward_by_groups(
     # its memory instead)
     pdw = POOL.empty((n_chunks, G, (1 if terms_per_row else K) if affine else 0), np.float64)
     pdb = POOL.empty(pdw.shape, np.float64)
-    # Rows with a dweight/dbias term per row take the lean loop, their dx never streamed (where dx is big enough to
-    # stream, _as_rows takes runs of at most 256 bytes as rows, below the 512 bytes of whole cache lines that a
-    # streamed block needs: that changes nothing but under a test's limits); so do rows of several groups without
-    # terms, unless streamed (LayerNorm's and RMSNorm's rows, one group, have a compile of their own there) and not
-    # short (the lean loop's vectors sum in an order of their own, and the bits must not depend on streaming)
+    # Rows with a dweight/dbias term per row take the lean loop, which streams dx only for short rows in blocks of
+    # SHORT_ROW_VALUES rows (SHORT_ROWS_STREAM; see _backward_rows_lean); so do rows of several groups without terms,
+    # unless streamed (LayerNorm's and RMSNorm's rows, one group, have a compile of their own there) and not short
+    # (the lean loop's vectors sum in an order of their own, and the bits must not depend on streaming)
     short = _short_backward_rows.py_func(L, x3.itemsize)
-    if rows and (affine and terms_per_row or not affine and G > 1 and (short or not stream)):
-        _kernel("lean rows backward", x3.size)(dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb)
+    if rows and (affine and terms_per_row or not affine and G > 1 and (short or not streamed)):
+        _kernel("lean rows backward", x3.size)(
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb,
+            SHORT_ROWS_STREAM and stream(SHORT_ROW_VALUES * L),
+        )  # fmt: skip
     elif rows:
         g_blocks, per_block = _row_blocks.py_func(G, n_chunks)
         terms = POOL.empty((n_chunks * g_blocks, per_block, 2, L if affine else 0), x3.dtype)
         _kernel("rows backward", x3.size)(
-            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb, terms, stream
+            dy3, x3, mean2, rstd2, w2, use_mean, fixed_stats, dx3, affine, pdw, pdb, terms, streamed
         )  # fmt: skip
     else:
         _kernel("groups backward", x3.size)(
             dy3, x3, mean2, rstd2, w2, use_mean, reduce_batch, _mask2(mask, N), mask is not None, fixed_stats, dx3,
-            affine, pdw, pdb, K, S, stream,
+            affine, pdw, pdb, K, S, streamed,
         )  # fmt: skip
     return (pdw[0], pdb[0]) if affine else (None, None)
 
