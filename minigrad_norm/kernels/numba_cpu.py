@@ -75,20 +75,21 @@ Design points, each one tested in ``tests/test_kernels.py``:
 * Parallel with ``prange`` over 64 runs of consecutive blocks (a channel each with ``reduce_batch``), forward
   and backward alike, or over chunks of rows (the rows' backward), each item's loop a function of its own
   (``_forward_rows``...).
-  Blocks that are rows with their own statistics (LayerNorm, RMSNorm) take loops of their own, which LLVM
-  compiles to much less per-row work than the general ones (half the time on 64-128 value rows), in kernels
-  of their own (a LayerNorm compiles none of the other blocks' loops); so do the blocks of short runs
-  (InstanceNorm and GroupNorm on small maps), with the weight repeated over each run (``_as_rows``). A row of
-  at most SHORT_ROW_VALUES values is one vector, read and written by masked loads and stores (see "short
-  rows"). On Intel CPUs the forward row loop prefetches rows of up to 2 KiB (see ``_rows_ahead``; float32 rows of up
-  to 16 KiB where it streams its output), and takes blocks of up to 2 KiB as rows whatever their runs (for an x of 4
-  MiB or more); the forward of other blocks computes their statistics two blocks at a time (see ``_forward_groups``;
-  the backward of a BatchNorm channel's blocks takes its sums so too, ``_backward_sums_pair``), blocks too long for L1
-  a piece at a time, each piece's two passes merged by Chan's update (``_pair_moments``), and, when it streams its
-  output, prefetches the next block into L2 while it writes one (``_block_ahead``). The dweight/dbias sums over (n, s)
-  go through per-chunk (per-item) float64 partial buffers ``(n_chunks, G, K)``, summed at the end in chunk
-  order. ``n_chunks`` depends only on the shape, never on the thread count, so
-  the result is bit-identical on 1 or many threads.
+  Blocks that are rows with their own statistics (LayerNorm, RMSNorm) take loops of their own, which LLVM compiles to
+  much less per-row work than the general ones (half the time on 64-128 value rows), in kernels of their own (a
+  LayerNorm compiles none of the other blocks' loops); so do the blocks of short runs (InstanceNorm and GroupNorm on
+  small maps), with the weight repeated over each run (``_as_rows``). A row of at most SHORT_ROW_VALUES values is one
+  vector, read and written by masked loads and stores (see "short rows"); where such rows stream their output, they
+  prefetch their input 2 KiB ahead (SHORT_ROWS_STREAM, but on Intel CPUs; see "Streamed short rows" in
+  ``_forward_rows``). On Intel CPUs the forward row loop prefetches rows of up to 2 KiB (see ``_rows_ahead``; float32
+  rows of up to 16 KiB where it streams its output), and takes blocks of up to 2 KiB as rows whatever their runs (for
+  an x of 4 MiB or more); the forward of other blocks computes their statistics two blocks at a time (see
+  ``_forward_groups``; the backward of a BatchNorm channel's blocks takes its sums so too, ``_backward_sums_pair``),
+  blocks too long for L1 a piece at a time, each piece's two passes merged by Chan's update (``_pair_moments``), and,
+  when it streams its output, prefetches the next block into L2 while it writes one (``_block_ahead``). The
+  dweight/dbias sums over (n, s) go through per-chunk (per-item) float64 partial buffers ``(n_chunks, G, K)``, summed
+  at the end in chunk order. ``n_chunks`` depends only on the shape, never on the thread count, so the result is
+  bit-identical on 1 or many threads.
 * BatchNorm in runs shorter than COLUMNS_MAX_RUN_BYTES (BatchNorm1d on (N, C): runs of one value), without a
   mask or with one of whole rows, takes kernels of its own, ``_columns_forward_kernel`` and
   ``_columns_backward_kernel``, which walk the batch row by row in memory order instead of channel by channel
@@ -102,8 +103,8 @@ Design points, each one tested in ``tests/test_kernels.py``:
 * Outputs of ``STREAMING_STORE_MIN_BYTES`` or more (``out=`` or the pool's: a quarter of the L3, at
   most 24 MiB), in blocks of at least 2 KiB (or, in the
   backward, of whole cache lines), are written with streaming (non-temporal) stores: each block
-  (a long row or run in pieces of 4 KiB, ``_scratch_len``) is computed into a scratch row in L1,
-  then copied out by ``_stream_copy`` without the
+  (a long row or run in pieces of 4 KiB, a batch or block of short rows, ``_scratch_len``) is computed into a
+  scratch row in L1, then copied out by ``_stream_copy`` without the
   read-for-ownership an ordinary store makes. The values are the same bits either way (tested, at every alignment of
   ``out``). Measured with ``benchmarks/compare_kernels.py`` on 2 threads, against ordinary
   stores, into ``out=`` buffers 16 bytes past a cache line (``np.empty``'s):
