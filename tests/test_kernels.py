@@ -739,12 +739,11 @@ def test_short_rows_stream_to_the_same_bits(monkeypatch, dtype, parallel):
     where it is big (``SHORT_ROWS_STREAM``): the forward a batch of rows at a time through its scratch
     (``_forward_rows``), the lean rows' backward a block of SHORT_ROW_VALUES rows at a time (``_lean_rows``; float64
     rows and float32 rows of 13-16 values then take the blocks too, the same bits as their rows one at a time as
-    vectors), each prefetching the rows ahead; rows of SHORT_ROW_VALUES values at a line's start straight from the
-    blocks' vectors (``_whole_line_rows``), not through the scratch. Forced on for every size and block (and off),
-    into ``out`` at a line's start and 5 values into one: the kernels are told to stream, and give the bits of the
-    ordinary stores (y, mean, var, dx, dweight, dbias) for rows of 1-16 values with NaN, infinities and 1e4-offset
-    rows among them, with and without dweight/dbias, on the serial and the parallel compile; the guard values around
-    ``out`` stay untouched. With SHORT_ROWS_STREAM off (Intel CPUs), they never stream."""
+    vectors), each prefetching the rows ahead. Forced on for every size and block (and off), into ``out`` at a
+    line's start and 5 values into one: the kernels are told to stream, and give the bits of the ordinary stores
+    (y, mean, var, dx, dweight, dbias) for rows of 1-16 values with NaN, infinities and 1e4-offset rows among
+    them, with and without dweight/dbias, on the serial and the parallel compile; the guard values around ``out``
+    stay untouched. With SHORT_ROWS_STREAM off (Intel CPUs), they never stream."""
     told = []  # (kernel, its last argument: whether it streams)
 
     def recording(name, kernel):

@@ -752,23 +752,13 @@ class _ShortRow:
         data = self.context.make_array(arraytype)(self.context, self.builder, array).data
         self.store_at(arraytype.dtype, data, value)
 
-    def store_at(self, dtype, data, value, whole_line=None):
-        """``store`` into the row of ``dtype`` that starts at ``data``; where ``whole_line`` (an LLVM bool), with one
-        non-temporal store of the whole vector instead: rows of SHORT_ROW_VALUES values that start on a cache line
-        and fill one or two (``_stream_store``'s rule)."""
+    def store_at(self, dtype, data, value):
+        """``store`` into the row of ``dtype`` that starts at ``data``."""
         vector, pointer, store = self._masked("store", dtype, data)
         if value.type != vector:
             value = self.builder.fptrunc(value, vector)
         align = ir.Constant(ir.IntType(32), dtype.bitwidth // 8)
-        if whole_line is None:
-            self.builder.call(store, [value, pointer, align, self.mask])
-            return
-        with self.builder.if_else(whole_line) as (then, otherwise):
-            with then:
-                st = self.builder.store(value, pointer, align=64)
-                st.set_metadata("nontemporal", self.builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-            with otherwise:
-                self.builder.call(store, [value, pointer, align, self.mask])
+        self.builder.call(store, [value, pointer, align, self.mask])
 
     def float64(self, value):
         """``value`` in float64 (each lane converted exactly)."""
@@ -891,21 +881,20 @@ class _ShortRows(_ShortRow):
 
 
 @intrinsic
-def _short_block_forward(typingctx, xb, yb, w2, b2, g, has_b, eps, centered, mean, var, whole_lines):
+def _short_block_forward(typingctx, xb, yb, w2, b2, g, has_b, eps, centered, mean, var):
     """The forward of a block of SHORT_ROW_VALUES rows, xb[r] -> yb[r], row r the weight and bias rows (g + r) % G of
     w2 and b2 (G, n), its mean and variance into mean[r] and var[r]: what the short rows' three passes in
     ``_forward_rows`` do to each row (``_short_sum`` / n, or 0 without ``centered``; ``_short_sum_sq_dev`` / n;
     rstd = 1 / sqrt(var + eps); ``_short_normalize_row``), the same operations and bits, each row loaded once
     and all 16 rows' sums taken together (``_ShortRows.sums``), and their divisions, square roots, and means'
-    splits (``_split``) done as vectors of 16 rows. With ``whole_lines`` (``_whole_line_rows``), each row of y goes
-    out with a non-temporal store."""
+    splits (``_split``) done as vectors of 16 rows."""
 
     def codegen(context, builder, sig, args):
         rows = _ShortRows(context, builder, sig.args[0], args[0])
         xtype, ytype, wtype, btype = sig.args[:4]
         y_arr, w_arr, b_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[1:4], args[1:4]))
         y_data, w_data, b_data, G = y_arr.data, w_arr.data, b_arr.data, builder.extract_value(w_arr.shape, 0)
-        g, has_b, eps, centered, mean, var, whole_lines = args[4:11]
+        g, has_b, eps, centered, mean, var = args[4:10]
         lanes, lane = SHORT_ROW_VALUES, rows.lane
         f64 = ir.VectorType(ir.DoubleType(), lanes)
         x = [rows.load_at(xtype.dtype, rows.row_at(rows.data, r)) for r in range(lanes)]
@@ -928,12 +917,12 @@ def _short_block_forward(typingctx, xb, yb, w2, b2, g, has_b, eps, centered, mea
             w = rows.load_at(wtype.dtype, rows.row_at(w_data, g))
             b = rows.load_at(btype.dtype, rows.row_at(b_data, g))
             y = rows.mul(rows.mul(rows.sub(rows.sub(x[r], lane(mu_hi, r)), lane(mu_lo, r)), lane(r_x, r)), w)
-            rows.store_at(ytype.dtype, rows.row_at(y_data, r), rows.choose(has_b, rows.add(y, b), y), whole_lines)
+            rows.store_at(ytype.dtype, rows.row_at(y_data, r), rows.choose(has_b, rows.add(y, b), y))
             g = builder.add(g, ir.Constant(g.type, 1))
             g = builder.select(builder.icmp_signed("==", g, G), ir.Constant(g.type, 0), g)
         return context.get_dummy_value()
 
-    return nbtypes.none(xb, yb, w2, b2, g, has_b, eps, centered, mean, var, whole_lines), codegen
+    return nbtypes.none(xb, yb, w2, b2, g, has_b, eps, centered, mean, var), codegen
 
 
 @intrinsic
@@ -1026,7 +1015,7 @@ def _short_dx(typingctx, dyb, xb, dxb, w, mh, ml, r, proj, mdx, fixed):
 
 
 @intrinsic
-def _short_block_backward(typingctx, dyb, xb, dxb, w2, g, mean, rstd, use_mean, fixed, affine, pw, pb, whole_lines):
+def _short_block_backward(typingctx, dyb, xb, dxb, w2, g, mean, rstd, use_mean, fixed, affine, pw, pb):
     """The backward of a block of SHORT_ROW_VALUES rows dyb[r], xb[r] -> dxb[r], row r's weight row g + r of w2, its
     mean and rstd mean[r] and rstd[r]: what ``_lean_rows`` does to each row, the same operations and bits, the 16
     rows' sums taken together (``_ShortRows.sums``) and their scalars as vectors of 16 rows. The rows are read again
@@ -1038,13 +1027,13 @@ def _short_block_backward(typingctx, dyb, xb, dxb, w2, g, mean, rstd, use_mean, 
     pw[r, 0], and A = w * a, B = w * b; without, A = sum(dy * w), B = sum(dy * w * xhat) (``_short_row_dx_sums``).
     A = B = 0 with ``fixed``. Then proj = B / n, mdx = A / n (0 without ``use_mean``), and dx as ``_short_dx`` takes
     it, in x's dtype: ((dy * w - xhat * proj) - mdx) * rstd, xhat = ((x - mu_hi) - mu_lo) * rstd, or dy * w * rstd
-    with ``fixed``. With ``whole_lines`` (``_whole_line_rows``), each row of dx goes out with a non-temporal store."""
+    with ``fixed``."""
 
     def codegen(context, builder, sig, args):
         rows = _ShortRows(context, builder, sig.args[1], args[1])
         dytype, xtype, dxtype, wtype = sig.args[:4]
         dy_data, dx_data, w_data = (context.make_array(sig.args[k])(context, builder, args[k]).data for k in (0, 2, 3))
-        g, use_mean, fixed, affine, whole_lines = args[4], args[7], args[8], args[9], args[12]
+        g, use_mean, fixed, affine = args[4], args[7], args[8], args[9]
         lanes, lane = SHORT_ROW_VALUES, rows.lane
         f64 = ir.VectorType(ir.DoubleType(), lanes)
         zero = ir.Constant(f64, None)
@@ -1088,11 +1077,10 @@ def _short_block_backward(typingctx, dyb, xb, dxb, w2, g, mean, rstd, use_mean, 
             dxhat = rows.mul(dy_r, w_r)
             xhat = rows.mul(rows.sub(rows.sub(x_r, lane(mu_hi, r)), lane(mu_lo, r)), lane(r_x, r))
             dx = rows.mul(rows.sub(rows.sub(dxhat, rows.mul(xhat, lane(proj, r))), lane(mdx, r)), lane(r_x, r))
-            dx = rows.choose(fixed, rows.mul(dxhat, lane(r_x, r)), dx)
-            rows.store_at(dxtype.dtype, rows.row_at(dx_data, r), dx, whole_lines)
+            rows.store_at(dxtype.dtype, rows.row_at(dx_data, r), rows.choose(fixed, rows.mul(dxhat, lane(r_x, r)), dx))
         return context.get_dummy_value()
 
-    return nbtypes.none(dyb, xb, dxb, w2, g, mean, rstd, use_mean, fixed, affine, pw, pb, whole_lines), codegen
+    return nbtypes.none(dyb, xb, dxb, w2, g, mean, rstd, use_mean, fixed, affine, pw, pb), codegen
 
 
 # ---------------------------------------------------------------------------
@@ -1959,26 +1947,26 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
     # rows of 16 values from cold caches on 2 threads: the prefetch alone 0.81-0.82 of the time, each row's vector
     # streamed from the block alone 0.85); together, 0.35-0.40: with ordinary stores each line of y is read before it
     # is written, and those reads and x's wait in line behind the block's arithmetic, where the prefetched x arrives
-    # meanwhile and y goes out without being read. ``benchmarks/compare_kernels.py HEAD --cold --floor`` (that VM, 2
-    # threads, (N, 64, 1, L) of 16-32 MiB, new/twin 0.96-1.02): float32 rows of 16, 9, 8, 4 and 2 values 0.46, 0.57,
+    # meanwhile and y goes out without being read. ``benchmarks/compare_kernels.py 6c7afdf --cold --floor`` (that VM,
+    # 2 threads, (N, 64, 1, L) of 16-32 MiB, new/twin 0.96-1.02): float32 rows of 16, 9, 8, 4 and 2 values 0.46, 0.57,
     # 0.49, 0.68 and 0.75 of the time, float64 0.71, 0.54, 0.48, 0.50 and 0.68. (The batch's rows streamed block by
-    # block, 0.43-0.44 and 0.71-0.75 for 16 and 9 values; prefetched 4 KiB ahead, 0.44-0.46 and 0.57.) Rows that are
-    # whole lines (SHORT_ROW_VALUES values into an aligned y, ``_whole_line_rows``: InstanceNorm's 4x4 maps) skip the
-    # scratch, each row's vector streamed straight from the block: against the scratch, float32 (4096, 64, 1, 16) and
-    # (8192, 64, 1, 16) 0.94 and 0.87 of the time, float64 0.69-0.82. Not measured on an Intel CPU, where the
-    # streamed batches alone had taken 1.12 (4x4 maps) and 1.48 (rows of 9 values): there SHORT_ROWS_STREAM is off.
+    # block, 0.43-0.44 and 0.71-0.75 for 16 and 9 values; prefetched 4 KiB ahead, 0.44-0.46 and 0.57. Rows that are
+    # whole cache lines, 16 values into an aligned y, streamed straight from the block's vectors, without the scratch:
+    # float32 4x4 maps 0.87-0.94 of this time forward and 0.92-0.94 backward, float64 forward 0.69-0.82, but the
+    # forward of small maps hot on one thread, (256, 64, 1, 16) and (512, 64, 1, 9), 1.08-1.13, whether the block
+    # tested its flag once or came in two copies, one for each value; not kept.) Not measured on an Intel CPU, where
+    # the streamed batches alone had taken 1.12 (4x4 maps) and 1.48 (rows of 9 values): there SHORT_ROWS_STREAM is
+    # off.
     # (longer rows of 128 bytes or less: never in pieces, and not streamed, as _streams streams the forward's blocks of
     # STREAMING_STORE_MIN_BLOCK_BYTES or more: where a test sets that to 0, they are written with ordinary stores)
     if L <= SHORT_ROW_VALUES:
         batch = _short_rows_batch(L, x.itemsize)
         x_flat, y_flat = x.reshape(x.size), y.reshape(y.size)
         ahead = PREFETCH_DISTANCE_BYTES // x.itemsize  # (values)
-        whole_lines = stream and _whole_line_rows(y)
         for q0 in range(first, last, batch):
             nb = min(batch, last - q0)
             means, variances = mean[q0 : q0 + nb], var[q0 : q0 + nb]
-            through_scratch = stream and not whole_lines
-            xb, yb = x[q0 : q0 + nb], scratch[: nb * L].reshape(nb, L) if through_scratch else y[q0 : q0 + nb]
+            xb, yb = x[q0 : q0 + nb], scratch[: nb * L].reshape(nb, L) if stream else y[q0 : q0 + nb]
             # (SHORT_ROWS_AS_VECTORS, a constant: LLVM drops the other branch.) Blocks of SHORT_ROW_VALUES rows in
             # one step each (``_short_block_forward``), the rows after the last whole block in the three passes.
             blocks = nb // SHORT_ROW_VALUES * SHORT_ROW_VALUES if SHORT_ROWS_AS_VECTORS else 0
@@ -1986,9 +1974,7 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
                 k = j + SHORT_ROW_VALUES
                 if stream:
                     _prefetch_lines(x_flat[(q0 + j) * L + ahead : (q0 + k) * L + ahead], 1)
-                _short_block_forward(
-                    xb[j:k], yb[j:k], w2, b2, g, has_b, eps, centered, means[j:k], variances[j:k], whole_lines
-                )
+                _short_block_forward(xb[j:k], yb[j:k], w2, b2, g, has_b, eps, centered, means[j:k], variances[j:k])
                 g = (g + SHORT_ROW_VALUES) % G
             for j in range(blocks, nb):
                 means[j] = (_short_sum(xb[j]) if SHORT_ROWS_AS_VECTORS else _sum(xb[j])) / L if centered else 0.0
@@ -2002,7 +1988,7 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
                 else:
                     _normalize_row(xb[j], yb[j], w2[g], b2[g], has_b, means[j], rstd)
                 g = g + 1 if g + 1 < G else 0
-            if through_scratch:
+            if stream:
                 _stream_copy(scratch[: nb * L], y_flat[q0 * L : (q0 + nb) * L])
         return
     pieces, piece = _row_pieces(L, x.itemsize)
@@ -2030,14 +2016,6 @@ def _forward_rows(x, w2, b2, has_b, eps, centered, mean, var, y, by_pieces, firs
             var[i] = v
             g = g + 1 if g + 1 < G else 0
         _normalize_row_to(xb, yb, wb, bb, has_b, mu, 1.0 / math.sqrt(v + eps), scratch, stream)
-
-
-@numba.njit(inline="always")
-def _whole_line_rows(out):
-    """Whether every row of ``out`` (C-contiguous, rows of at most SHORT_ROW_VALUES values) is a whole vector that
-    starts on a cache line and fills one or two (float32 or float64 rows of SHORT_ROW_VALUES values at a 64-byte
-    aligned address), so that a short-row block can stream it straight from its vector (``_ShortRow.store_at``)."""
-    return out.shape[-1] == SHORT_ROW_VALUES and _address(out) % _STREAM_BYTES == 0
 
 
 @numba.njit(inline="always")
@@ -2290,9 +2268,9 @@ def _backward_rows_lean(
     """``_backward_rows`` of rows with one dweight and one dbias term each (``affine``: rows whose weight is one value
     repeated, InstanceNorm's small maps taken as rows by ``_as_rows``), into the partial rows of one value
     pw[g] = [dweight[g]], pb[g]; or of rows without terms. dx streams only from blocks of short rows (see below,
-    "Streamed"), through ``scratch``, SHORT_ROW_VALUES rows of L values (or straight, rows of whole lines).
-    InstanceNorm's rows always come here; rows without terms when they are of several groups (not LayerNorm's or
-    RMSNorm's) and their dx does not stream (``_backward_by_groups``).
+    "Streamed"), through ``scratch``, SHORT_ROW_VALUES rows of L values. InstanceNorm's rows always
+    come here; rows without terms when they are of several groups (not LayerNorm's or RMSNorm's) and their dx does
+    not stream (``_backward_by_groups``).
 
     The terms of a row are sum(dy) and sum(dy * xhat), in float64 (``_row_dy_sums``): times the weight they are the
     two sums dx needs, so the dx pass carries no terms. Against the terms per value, which cost each value two more
@@ -2330,14 +2308,12 @@ def _backward_rows_lean(
     goes through ``scratch`` (in L1) and out with non-temporal stores (``_stream_copy``), after the x and dy rows
     PREFETCH_DISTANCE_BYTES ahead are prefetched into L1, and the rows that would otherwise go one at a time as
     vectors take blocks too, float64 rows among them (``_short_backward_blocks``), as in the forward's "Streamed
-    short rows" (``_forward_rows``). ``benchmarks/compare_kernels.py HEAD --cold --floor`` (the AMD VM of CPU family
-    26, 2 threads, (N, 64, 1, L) of 16-32 MiB, new/twin 0.98-1.02) took the backward with dweight/dbias, and
+    short rows" (``_forward_rows``). ``benchmarks/compare_kernels.py 6c7afdf --cold --floor`` (the AMD VM of CPU
+    family 26, 2 threads, (N, 64, 1, L) of 16-32 MiB, new/twin 0.98-1.02) took the backward with dweight/dbias, and
     without, of float32 rows of 16, 9 and 8 values 0.53 and 0.54, 0.72 and 0.71, 0.69 and 0.70 of the time, of
     float64 rows 0.57 and 0.59, 0.59 and 0.61, 0.60 and 0.64; hot on one thread, float32 rows of 16 and 9 values
-    0.52-0.55 and 0.64-0.65. Rows that are whole lines (``_whole_line_rows``) stream straight from the block's vectors,
-    as the forward's: float32 4x4 maps 0.92-0.94 of the time through the scratch, float64 1.00. (A first prototype,
-    float32 rows of 16 values: blocks with the prefetch alone 0.76-0.81, with their rows' vectors streamed alone
-    0.94, both 0.47-0.53.)
+    0.52-0.55 and 0.64-0.65. (A first prototype, float32 rows of 16 values: blocks with the prefetch alone 0.76-0.81,
+    with their rows' vectors streamed alone 0.94, both 0.47-0.53.)
 
     A loop of its own, rather than a case of ``_backward_rows``'s: numba compiles the flags of that loop (stream,
     fixed, the kind of terms) as run-time values, and their branches cost these short rows more than their
@@ -2403,8 +2379,6 @@ def _lean_rows(
     G = x3.shape[1]
     x_flat, dy_flat, dx_flat = x3.reshape(x3.size), dy3.reshape(dy3.size), dx3.reshape(dx3.size)
     ahead = PREFETCH_DISTANCE_BYTES // x3.itemsize  # (values)
-    whole_lines = stream and _whole_line_rows(dx3)
-    through_scratch = stream and not whole_lines
     for n in range(n_first, n_last):
         for g in range(g_first, whole, SHORT_ROW_VALUES):
             k = g + SHORT_ROW_VALUES
@@ -2412,12 +2386,12 @@ def _lean_rows(
             if stream:
                 _prefetch_lines(x_flat[at + ahead : end + ahead], 1)
                 _prefetch_lines(dy_flat[at + ahead : end + ahead], 1)
-            dxb = scratch.reshape(SHORT_ROW_VALUES, L) if through_scratch else dx3[n, g:k]
+            dxb = scratch.reshape(SHORT_ROW_VALUES, L) if stream else dx3[n, g:k]
             _short_block_backward(
                 dy3[n, g:k], x3[n, g:k], dxb, w2, g, mean2[n, g:k], rstd2[n, g:k], use_mean, fixed, affine, pw[g:k],
-                pb[g:k], whole_lines,
+                pb[g:k],
             )  # fmt: skip
-            if through_scratch:
+            if stream:
                 _stream_copy(scratch, dx_flat[at:end])
         for g in range(whole, g_last):
             mu = mean2[n, g] if use_mean else 0.0
