@@ -199,13 +199,14 @@ def run_both(case: dict, **extra) -> list[tuple]:
     return [(fwd["numba"], fwd["reference"], "forward", (bounds[False]["y"], None, None)), *out]
 
 
-def record_kernel_calls(monkeypatch) -> list[str]:
-    """The names of the kernels (``numba_cpu._KERNELS``) called from now on, in order."""
+def record_kernel_calls(monkeypatch, streams: bool = False) -> list:
+    """The names of the kernels (``numba_cpu._KERNELS``) called from now on, in order; with ``streams``, (name, the
+    call's last argument: whether the kernel streams its output) for each."""
     called = []
 
     def recording(name, kernel):
         def call(*args):
-            called.append(name)
+            called.append((name, args[-1]) if streams else name)
             return kernel(*args)
 
         return call
@@ -744,17 +745,7 @@ def test_short_rows_stream_to_the_same_bits(monkeypatch, dtype, parallel):
     (y, mean, var, dx, dweight, dbias) for rows of 1-16 values with NaN, infinities and 1e4-offset rows among
     them, with and without dweight/dbias, on the serial and the parallel compile; the guard values around ``out``
     stay untouched. With SHORT_ROWS_STREAM off (Intel CPUs), they never stream."""
-    told = []  # (kernel, its last argument: whether it streams)
-
-    def recording(name, kernel):
-        def call(*args):
-            told.append((name, args[-1]))
-            return kernel(*args)
-
-        return call
-
-    kernels = {name: tuple(recording(name, k) for k in pair) for name, pair in numba_cpu._KERNELS.items()}
-    monkeypatch.setattr(numba_cpu, "_KERNELS", kernels)
+    told = record_kernel_calls(monkeypatch, streams=True)
     monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_ELEMENTS", 0 if parallel else 2**62)
     monkeypatch.setattr(numba_cpu, "SHORT_ROWS_STREAM", True)  # (off on Intel CPUs, where it was not measured)
     rng = np.random.default_rng(42)
@@ -928,8 +919,7 @@ def test_instance_norm_rows_sum_their_terms_per_row_in_float64():
         ((70, 1, 8, 1), True, False),
     ],
 )
-def test_rows_of_one_weight_take_the_lean_loop(monkeypatch, view, need_affine_grads, lean, stream,
-                                                                 eval_stats):  # fmt: skip
+def test_rows_of_one_weight_take_the_lean_loop(monkeypatch, view, need_affine_grads, lean, stream, eval_stats):
     """Rows with one dweight/dbias term each go through ``_backward_rows_lean``, which the general rows' loop,
     whose partial rows hold a term per value, must never be given in their place: a partial row of one value
     folded as one of L would be written past its end. They go there even where dx would stream (forced here for

@@ -3762,8 +3762,8 @@ def norm_forward(
     x3, y3 = xc.reshape(N, G, K * S), y.reshape(N, G, K * S)
     by_rows = _rows(S, mask is not None, reduce_batch) and stats is None
     if by_rows and K * S <= SHORT_ROW_VALUES:  # (written a batch of rows at a time: see _forward_rows)
-        batch = _short_rows_batch.py_func(K * S, x.itemsize) * K * S
-        stream = SHORT_ROWS_STREAM and _streams(y, out, batch, short_aligned_blocks=False)
+        batch_values = _short_rows_batch.py_func(K * S, x.itemsize) * K * S
+        stream = SHORT_ROWS_STREAM and _streams(y, out, batch_values, short_aligned_blocks=False)
     else:
         stream = _streams(y, out, K * S, short_aligned_blocks=False)
     if by_rows:
